@@ -1,0 +1,115 @@
+"""A preallocated key/value cache that keeps only the rows a call commits.
+
+The cache holds, per layer, keys (already rotated by their position) and values of accepted tokens, in the
+order they were committed. Because every new row may attend to every cached row, the order of cached rows
+never matters for attention, so rows verified in any order can be committed as they are accepted.
+
+A forward pass writes the keys and values of its new rows into a staging area directly after the committed
+rows (so attention reads one contiguous slice); :meth:`KVCache.commit` then keeps the chosen staged rows
+and drops the rest. Rejected rows are simply overwritten by the next call: rollback costs nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class KVCache:
+    """Per-request key/value storage for all layers of one model.
+
+    Args:
+        num_layers: Number of transformer layers.
+        num_kv_heads: Key/value heads per layer.
+        head_dim: Size of one head.
+        capacity: Rows to preallocate (committed tokens plus the largest call's staging rows). The buffer
+            grows if a call needs more, so this is a performance hint, not a hard limit.
+        dtype: Storage dtype.
+        device: Storage device.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        if capacity < 1:
+            raise ValueError(f"KV cache capacity must be >= 1, got {capacity}")
+        shape = (num_layers, capacity, num_kv_heads, head_dim)
+        self.keys = torch.empty(shape, dtype=dtype, device=device)
+        self.values = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0
+        self.staged = 0
+        self.positions: list[int] = []
+
+    @property
+    def capacity(self) -> int:
+        """Rows the buffer can hold without growing."""
+        return int(self.keys.shape[1])
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers stored."""
+        return int(self.keys.shape[0])
+
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` staged rows after the committed ones, growing the buffer if needed."""
+        needed = self.length + rows
+        if needed > self.capacity:
+            new_capacity = max(needed, int(self.capacity * 1.5))
+            grow = new_capacity - self.capacity
+            pad = (self.num_layers, grow, *self.keys.shape[2:])
+            self.keys = torch.cat([self.keys, self.keys.new_empty(pad)], dim=1)
+            self.values = torch.cat([self.values, self.values.new_empty(pad)], dim=1)
+        self.staged = rows
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage the new rows of ``layer`` and return keys and values of cached + staged rows.
+
+        Args:
+            layer: Layer index.
+            keys: ``[R, kv_heads, head_dim]`` rotated keys of the new rows.
+            values: ``[R, kv_heads, head_dim]`` values of the new rows.
+
+        Returns:
+            Keys and values ``[length + R, kv_heads, head_dim]`` (views into the buffer).
+        """
+        rows = keys.shape[0]
+        if rows != self.staged:
+            raise RuntimeError(f"call reserve({rows}) before writing {rows} rows (reserved {self.staged})")
+        end = self.length + rows
+        self.keys[layer, self.length : end] = keys
+        self.values[layer, self.length : end] = values
+        return self.keys[layer, :end], self.values[layer, :end]
+
+    def commit(self, rows: Sequence[int], positions: Sequence[int] | None = None) -> None:
+        """Keep the staged rows ``rows`` (indices into the last call's new rows), in the given order.
+
+        Args:
+            rows: Staged row indices to keep.
+            positions: Their position ids, recorded for inspection; optional.
+        """
+        if not rows:
+            return
+        if max(rows) >= self.staged or min(rows) < 0:
+            raise IndexError(f"commit rows {list(rows)} outside the {self.staged} staged rows")
+        index = torch.as_tensor(list(rows), device=self.keys.device) + self.length
+        count = len(rows)
+        self.keys[:, self.length : self.length + count] = self.keys.index_select(1, index)
+        self.values[:, self.length : self.length + count] = self.values.index_select(1, index)
+        self.length += count
+        self.staged = 0
+        if positions is not None:
+            self.positions.extend(int(p) for p in positions)
+
+    def truncate(self, length: int) -> None:
+        """Forget committed rows beyond ``length`` (used by tests and by schedules that recompute)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} rows to {length}")
+        self.length = length
+        del self.positions[length:]

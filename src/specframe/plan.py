@@ -1,0 +1,129 @@
+"""The seam between schedules and model families.
+
+One decoding iteration flows through three records::
+
+    DecodeState --schedule.plan()--> CallPlan       (logical; knows no model family)
+    CallPlan    --mask builder-----> PhysicalCall   (input ids, position ids, attention mask, row maps)
+    PhysicalCall --model backend---> logits         (one forward over cached prefix + new rows)
+    logits      --mask builder-----> CallResult     (verifier logits by rank, drafter logits by group)
+    CallResult  --schedule.update()> DecodeState
+
+Positions are absolute: the prompt occupies positions ``0 .. n-1`` and output position ``n + i`` holds the
+``i``-th generated token. Every new row of a call may attend to every cached row (the cache only ever holds
+accepted tokens, which precede all new rows in generation order); a :class:`PhysicalCall` therefore only
+describes attention among its new rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftGroup:
+    """Positions the drafter (diffusion mode) should propose, and the context it may condition on.
+
+    Attributes:
+        context: How many leading ranks of the plan's chain the drafter may see, in addition to the cached
+            prefix and the pending tokens. ``0`` drafts from the verified prefix alone (Packed-SS, Linear-SS);
+            Quadratic-SS has one group for every possible acceptance boundary.
+        targets: Output positions to propose, in increasing order.
+    """
+
+    context: int
+    targets: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """What one model call must compute, in model-free terms.
+
+    Attributes:
+        pending: ``(position, token)`` pairs that are accepted but not yet in the KV cache, in generation
+            order. A family processes them as input rows and commits them when its layout allows.
+        order: Output positions in verification rank order: ``order[r]`` is checked at rank ``r + 1``.
+            It lists the whole active window (so that layouts can pad to a static shape) and, for families
+            whose verifier scores the next position for free, may end with one bonus position after it.
+        chain: Draft tokens for the first ``len(chain)`` ranks of ``order`` (the draft chain, kappa).
+        num_verify: How many ranks need a verifier distribution (``0`` = a drafting-only call). Rank ``r``
+            is scored given the cached prefix, the pending tokens and the chain tokens at ranks ``< r``.
+        drafts: Draft groups to propose in the same call.
+        width: The speculative width W. Layouts may use it to keep call shapes static.
+    """
+
+    pending: tuple[tuple[int, int], ...]
+    order: tuple[int, ...]
+    chain: tuple[int, ...]
+    num_verify: int
+    drafts: tuple[DraftGroup, ...]
+    width: int
+
+    def __post_init__(self) -> None:
+        if len(self.chain) > len(self.order):
+            raise ValueError(f"chain of {len(self.chain)} tokens is longer than the order ({len(self.order)})")
+        if not 0 <= self.num_verify <= len(self.order):
+            raise ValueError(f"num_verify={self.num_verify} must lie in [0, {len(self.order)}]")
+        if self.num_verify > len(self.chain) + 1:
+            raise ValueError("a verifier can only score one rank past the draft chain")
+        for group in self.drafts:
+            if not 0 <= group.context <= len(self.chain):
+                raise ValueError(f"draft group context {group.context} exceeds the chain ({len(self.chain)})")
+
+    @property
+    def chain_positions(self) -> tuple[int, ...]:
+        """Output positions of the chain tokens, in rank order."""
+        return self.order[: len(self.chain)]
+
+    @property
+    def is_prefill(self) -> bool:
+        """True when more than one pending token is processed (the prompt, typically)."""
+        return len(self.pending) > 1
+
+
+@dataclass
+class PhysicalCall:
+    """A plan laid out as physical rows for one forward pass of a model family.
+
+    Attributes:
+        plan: The plan this call realises.
+        input_ids: ``[R]`` token ids of the new rows (mask ids for mask queries).
+        position_ids: ``[R]`` position ids of the new rows.
+        attention: ``[R, R]`` boolean; ``attention[i, j]`` lets new row ``i`` attend to new row ``j``.
+            Every new row also attends to every cached row.
+        output_rows: ``[K]`` rows whose logits the model must return, in the order the fields below index.
+        verify_rows: ``[num_verify]`` indices into ``output_rows``: rank ``r`` -> its verifier logits.
+        draft_rows: per draft group, indices into ``output_rows`` for each of its targets.
+        commit_rows: ``position -> (row, token)`` for rows whose keys and values represent ``token`` at
+            ``position`` with a context that is valid if the position ends up accepted with that token.
+        adapter_rows: ``[R]`` boolean, rows that receive a proposal-only adapter (LoRA), or ``None``.
+    """
+
+    plan: CallPlan
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention: torch.Tensor
+    output_rows: torch.Tensor
+    verify_rows: torch.Tensor
+    draft_rows: tuple[torch.Tensor, ...]
+    commit_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
+    adapter_rows: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """Evaluated uncached rows, counted as the paper's Table 2 counts them."""
+        return int(self.input_ids.shape[0])
+
+
+@dataclass
+class CallResult:
+    """Model outputs of one call, in plan terms.
+
+    Attributes:
+        verify_logits: ``[num_verify, V]`` verifier logits, one row per rank.
+        draft_logits: per draft group, ``[len(targets), V]`` drafter logits, one row per target.
+    """
+
+    verify_logits: torch.Tensor
+    draft_logits: tuple[torch.Tensor, ...]

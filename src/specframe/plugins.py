@@ -1,0 +1,357 @@
+"""Plugin manager, entry-point loading and the registry of named implementations.
+
+Built-in implementations live in the modules listed in :data:`BUILTIN_PLUGINS` and are registered exactly
+like third-party plugins, which are discovered through the ``specframe`` entry-point group::
+
+    [project.entry-points.specframe]
+    my_schedules = "my_package.plugin"
+
+The environment variable ``SPECFRAME_LOAD_PLUGINS`` limits which entry points load: a comma-separated list of
+entry-point or distribution names, or the empty string for none. Built-ins always load.
+
+One broken plugin never breaks the others: an import error, an invalid hook implementation, an exception
+raised while registering, or a bad ``register`` call is recorded as a :class:`PluginFailure` naming the plugin
+and its distribution, and everything else keeps working. Two plugins claiming one name are reported only
+when that name is used, naming both.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from types import MappingProxyType
+from typing import Any
+
+import pluggy
+
+from specframe import hookspecs
+from specframe.errors import DuplicatePluginError, PluginError, UnknownPluginError
+
+ENTRY_POINT_GROUP = "specframe"
+LOAD_ENV = "SPECFRAME_LOAD_PLUGINS"
+BUILTIN_DISTRIBUTION = "specframe"
+
+BUILTIN_PLUGINS: tuple[str, ...] = (
+    "specframe.models.nemotron",
+    "specframe.models.setdlm",
+    "specframe.masks.nemotron",
+    "specframe.masks.setdlm",
+    "specframe.orders.ltr",
+    "specframe.orders.confidence",
+    "specframe.acceptance.greedy",
+    "specframe.acceptance.rejection",
+    "specframe.schedules.ar",
+    "specframe.schedules.linear",
+    "specframe.schedules.quadratic",
+    "specframe.schedules.packed",
+    "specframe.schedules.native_nemotron",
+    "specframe.schedules.native_setdlm",
+)
+
+# kind -> (hook name, human label)
+KINDS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "model_backend": ("register_model_backends", "model backend"),
+        "mask_builder": ("register_mask_builders", "mask builder"),
+        "order_policy": ("register_order_policies", "order policy"),
+        "acceptance_rule": ("register_acceptance_rules", "acceptance rule"),
+        "schedule": ("register_schedules", "schedule"),
+    }
+)
+
+# Extra keyword arguments each kind's register() accepts.
+_ALLOWED_EXTRAS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "model_backend": frozenset({"model_types"}),
+        "mask_builder": frozenset(),
+        "order_policy": frozenset(),
+        "acceptance_rule": frozenset(),
+        "schedule": frozenset({"family"}),
+    }
+)
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    """One named implementation registered by a plugin.
+
+    Attributes:
+        kind: One of :data:`KINDS`.
+        name: The name users compose it by.
+        factory: Callable that builds the implementation.
+        plugin: Name of the plugin (module or entry point) that registered it.
+        distribution: Installed distribution that ships the plugin (``"specframe"`` for built-ins).
+        extras: Extra registration data (``model_types`` for backends, ``family`` for schedules).
+    """
+
+    kind: str
+    name: str
+    factory: Callable[..., Any]
+    plugin: str
+    distribution: str
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def family(self) -> str | None:
+        """The model family this entry is restricted to, if any."""
+        return self.extras.get("family")
+
+    def describe(self) -> dict[str, str]:
+        """The entry as ``specframe plugins`` prints it."""
+        return {"kind": self.kind, "name": self.name, "plugin": self.plugin, "distribution": self.distribution}
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin that could not be loaded or registered.
+
+    Attributes:
+        plugin: Plugin (entry point or module) name.
+        distribution: Distribution that ships it.
+        message: What went wrong.
+    """
+
+    plugin: str
+    distribution: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"plugin {self.plugin!r} from distribution {self.distribution!r}: {self.message}"
+
+
+class Registry:
+    """All registered implementations, by kind and name, with the failures met while collecting them."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, dict[tuple[str, str | None], list[PluginEntry]]] = {k: {} for k in KINDS}
+        self.failures: list[PluginFailure] = []
+
+    def add(self, entry: PluginEntry) -> None:
+        """Add an entry (duplicates are kept and reported when their name is used)."""
+        self._entries[entry.kind].setdefault((entry.name, entry.family), []).append(entry)
+
+    def entries(self, kind: str | None = None) -> list[PluginEntry]:
+        """Every entry, or every entry of one kind, in registration order."""
+        kinds = [kind] if kind else list(KINDS)
+        return [e for k in kinds for group in self._entries[k].values() for e in group]
+
+    def names(self, kind: str) -> list[str]:
+        """Sorted distinct names registered for ``kind``."""
+        return sorted({name for name, _ in self._entries[kind]})
+
+    def duplicates(self) -> list[list[PluginEntry]]:
+        """Groups of entries that share one kind, name and family."""
+        return [group for k in KINDS for group in self._entries[k].values() if len(group) > 1]
+
+    def get(self, kind: str, name: str, *, family: str | None = None) -> PluginEntry:
+        """Look up one implementation.
+
+        Args:
+            kind: One of :data:`KINDS`.
+            name: The registered name.
+            family: For family-restricted kinds (schedules), prefer the entry for this family.
+
+        Raises:
+            UnknownPluginError: Nothing of that kind has that name (the message lists the known names).
+            DuplicatePluginError: Two plugins registered the name (the message names both).
+        """
+        label = KINDS[kind][1]
+        table = self._entries[kind]
+        group = table.get((name, family)) if family is not None else None
+        if not group:
+            group = table.get((name, None))
+        if not group:
+            others = sorted(f for (n, f) in table if n == name and f is not None)
+            known = ", ".join(self.names(kind)) or "none"
+            if others:
+                raise UnknownPluginError(
+                    f"{label} {name!r} is only available for model famil{'y' if len(others) == 1 else 'ies'} "
+                    f"{', '.join(map(repr, others))}, not {family!r}"
+                )
+            hint = self._failure_hint()
+            raise UnknownPluginError(f"unknown {label} {name!r}; known {label}s: {known}{hint}")
+        if len(group) > 1:
+            owners = " and ".join(f"plugin {e.plugin!r} (distribution {e.distribution!r})" for e in group)
+            raise DuplicatePluginError(
+                f"{label} {name!r} is registered by both {owners}; uninstall one of them or restrict loading "
+                f"with {LOAD_ENV}"
+            )
+        return group[0]
+
+    def _failure_hint(self) -> str:
+        if not self.failures:
+            return ""
+        return " (some plugins failed to load: " + "; ".join(str(f) for f in self.failures) + ")"
+
+
+class PluginHost:
+    """The plugin manager plus bookkeeping of where each plugin came from."""
+
+    def __init__(self, *, load_entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager("specframe")
+        self.pm.add_hookspecs(hookspecs)
+        self._distributions: dict[str, str] = {}
+        self.failures: list[PluginFailure] = []
+        for module_name in BUILTIN_PLUGINS:
+            self._register_module(module_name, module_name, BUILTIN_DISTRIBUTION)
+        if load_entry_points:
+            self._load_entry_points()
+
+    # -- loading -----------------------------------------------------------------------------------------
+    def _register_module(self, module_name: str, plugin_name: str, distribution: str) -> None:
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # a broken plugin must not break the others
+            self.failures.append(PluginFailure(plugin_name, distribution, f"failed to import: {_describe(exc)}"))
+            return
+        self.register(module, name=plugin_name, distribution=distribution)
+
+    def _load_entry_points(self) -> None:
+        wanted = _wanted_entry_points()
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            distribution = ep.dist.name if ep.dist is not None else "<unknown>"
+            if wanted is not None and ep.name not in wanted and distribution not in wanted:
+                continue
+            if self.pm.has_plugin(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:
+                self.failures.append(PluginFailure(ep.name, distribution, f"failed to import: {_describe(exc)}"))
+                continue
+            self.register(plugin, name=ep.name, distribution=distribution)
+
+    def register(self, plugin: object, *, name: str, distribution: str = "<local>") -> bool:
+        """Register a plugin object (module or instance); record a failure instead of raising.
+
+        Returns:
+            Whether the plugin was registered.
+        """
+        unknown = [
+            attr
+            for attr in dir(plugin)
+            if self.pm.parse_hookimpl_opts(plugin, attr) is not None and not hasattr(self.pm.hook, attr)
+        ]
+        if unknown:
+            known = ", ".join(spec for _, (spec, _) in KINDS.items())
+            self.failures.append(
+                PluginFailure(name, distribution, f"unknown hook {', '.join(unknown)}; hooks are: {known}")
+            )
+            return False
+        try:
+            self.pm.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            self.failures.append(PluginFailure(name, distribution, f"invalid hook implementation: {exc}"))
+            return False
+        self._distributions[name] = distribution
+        return True
+
+    def unregister(self, name: str) -> None:
+        """Remove a registered plugin by name."""
+        self.pm.unregister(name=name)
+        self._distributions.pop(name, None)
+
+    # -- collecting --------------------------------------------------------------------------------------
+    def registry(self) -> Registry:
+        """Call every plugin's hooks and collect their registrations."""
+        registry = Registry()
+        registry.failures.extend(self.failures)
+        for kind, (hook_name, _) in KINDS.items():
+            caller = getattr(self.pm.hook, hook_name)
+            for impl in reversed(caller.get_hookimpls()):  # pluggy lists last-registered first
+                plugin_name = impl.plugin_name
+                distribution = self._distributions.get(plugin_name, "<local>")
+                register = _make_register(registry, kind, plugin_name, distribution)
+                try:
+                    impl.function(register=register)
+                except Exception as exc:
+                    registry.failures.append(
+                        PluginFailure(plugin_name, distribution, f"{hook_name} raised {_describe(exc)}")
+                    )
+        return registry
+
+
+def _make_register(registry: Registry, kind: str, plugin: str, distribution: str) -> Callable[..., None]:
+    allowed = _ALLOWED_EXTRAS[kind]
+    label = KINDS[kind][1]
+
+    def register(name: str, factory: Callable[..., Any], **extras: Any) -> None:
+        problem = None
+        if not isinstance(name, str) or not name.strip():
+            problem = f"{label} name must be a non-empty string, got {name!r}"
+        elif not callable(factory):
+            problem = f"{label} {name!r}: factory {factory!r} is not callable"
+        elif set(extras) - allowed:
+            bad = ", ".join(sorted(set(extras) - allowed))
+            problem = f"{label} {name!r}: unexpected register() argument(s) {bad}; allowed: {sorted(allowed)}"
+        if problem:
+            registry.failures.append(PluginFailure(plugin, distribution, problem))
+            return
+        registry.add(PluginEntry(kind, name, factory, plugin, distribution, MappingProxyType(dict(extras))))
+
+    return register
+
+
+def _wanted_entry_points() -> set[str] | None:
+    raw = os.environ.get(LOAD_ENV)
+    if raw is None:
+        return None
+    return {part.strip() for part in raw.split(",") if part.strip()}
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+_HOST: PluginHost | None = None
+
+
+def get_host() -> PluginHost:
+    """The process-wide plugin host (created, and entry points loaded, on first use)."""
+    global _HOST
+    if _HOST is None:
+        _HOST = PluginHost()
+    return _HOST
+
+
+def reset_host(*, load_entry_points: bool = True) -> PluginHost:
+    """Replace the process-wide host with a fresh one (tests use this to isolate plugin state)."""
+    global _HOST
+    _HOST = PluginHost(load_entry_points=load_entry_points)
+    return _HOST
+
+
+def get_registry() -> Registry:
+    """Collect a fresh :class:`Registry` from the process-wide host."""
+    return get_host().registry()
+
+
+def lookup(kind: str, name: str, *, family: str | None = None) -> PluginEntry:
+    """Shorthand for ``get_registry().get(kind, name, family=family)``."""
+    return get_registry().get(kind, name, family=family)
+
+
+def register_plugin(plugin: object, name: str) -> None:
+    """Register a plugin object in this process (for scripts and tests).
+
+    Raises:
+        PluginError: If the plugin is invalid (unknown hook, bad hook signature).
+    """
+    host = get_host()
+    before = len(host.failures)
+    if not host.register(plugin, name=name):
+        failure = host.failures.pop(before) if len(host.failures) > before else None
+        raise PluginError(str(failure) if failure else f"could not register plugin {name!r}")
+
+
+def unregister_plugin(name: str) -> None:
+    """Remove a plugin registered with :func:`register_plugin`."""
+    get_host().unregister(name)
+
+
+def describe_all(entries: Iterable[PluginEntry]) -> list[dict[str, str]]:
+    """JSON-ready rows for a list of entries."""
+    return [e.describe() for e in entries]
