@@ -101,7 +101,12 @@ class PluginEntry:
 
     def describe(self) -> dict[str, str]:
         """The entry as ``specframe plugins`` prints it."""
-        return {"kind": self.kind, "name": self.name, "plugin": self.plugin, "distribution": self.distribution}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "plugin": self.plugin,
+            "distribution": self.distribution,
+        }
 
 
 @dataclass(frozen=True)
@@ -261,7 +266,7 @@ class PluginHost:
         registry.failures.extend(self.failures)
         for kind, (hook_name, _) in KINDS.items():
             caller = getattr(self.pm.hook, hook_name)
-            for impl in reversed(caller.get_hookimpls()):  # pluggy lists last-registered first
+            for impl in caller.get_hookimpls():  # in registration order
                 plugin_name = impl.plugin_name
                 distribution = self._distributions.get(plugin_name, "<local>")
                 register = _make_register(registry, kind, plugin_name, distribution)

@@ -107,6 +107,21 @@ class KVCache:
         if positions is not None:
             self.positions.extend(int(p) for p in positions)
 
+    def drop_positions(self, positions: set[int]) -> None:
+        """Remove committed rows whose recorded position is in ``positions`` (keeps the others' order).
+
+        Any-order decoding needs this when an EOS accepted late ends the output before tokens that were
+        already cached.
+        """
+        keep = [i for i, p in enumerate(self.positions) if p not in positions]
+        if len(keep) == self.length:
+            return
+        index = torch.as_tensor(keep, dtype=torch.long, device=self.keys.device)
+        self.keys[:, : len(keep)] = self.keys.index_select(1, index)
+        self.values[:, : len(keep)] = self.values.index_select(1, index)
+        self.positions = [self.positions[i] for i in keep]
+        self.length = len(keep)
+
     def truncate(self, length: int) -> None:
         """Forget committed rows beyond ``length`` (used by tests and by schedules that recompute)."""
         if not 0 <= length <= self.length:

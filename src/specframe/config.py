@@ -1,0 +1,265 @@
+"""Compose a decoder from a plain configuration (a dict or a :class:`DecoderConfig`).
+
+Example::
+
+    from specframe import compose
+
+    decoder = compose({
+        "model": "nvidia/Nemotron-Labs-Diffusion-8B",   # Hub repo id, local folder, or None for the bundled model
+        "schedule": "packed",
+        "order": "ltr",
+        "acceptance": {"name": "rejection", "temperature": 1.0, "top_k": 20},
+        "width": 15,
+        "max_new_tokens": 256,
+        "seed": 0,
+    })
+    print(decoder.generate("def fib(n):").text)
+
+Plugin fields (``schedule``, ``order``, ``acceptance``) take a registered name or a mapping with ``name`` plus
+the plugin's options. Every field is validated and every error names the field, what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specframe.decoder import Decoder
+from specframe.errors import ConfigError, SpecframeError
+from specframe.models.base import ModelBackend
+from specframe.plugins import PluginEntry, Registry, get_registry
+
+
+@dataclass
+class DecoderConfig:
+    """Everything needed to compose a decoder.
+
+    Attributes:
+        model: Hub repo id, local checkpoint folder, an already loaded :class:`ModelBackend`, or ``None``
+            for the small model bundled with specframe.
+        schedule: Schedule name or ``{"name": ..., **options}`` (``ar``, ``linear``, ``quadratic``,
+            ``packed``, ``native``, or a plugin's).
+        order: Verification order name or mapping (``ltr``, ``confidence``).
+        acceptance: Acceptance rule name or mapping (``greedy``; ``rejection`` with ``temperature``,
+            ``top_k``, ``top_p``).
+        width: Speculative width W >= 1 (Nemotron's block size is W + 1).
+        max_new_tokens: Output length limit L >= 1.
+        seed: Seed of the sampling generator; ``None`` draws a fresh seed per request.
+        device: Device to load the model on (``"cpu"``, ``"cuda"``, ``"cuda:1"``...); default CPU.
+        dtype: Model dtype (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``); default float32
+            on CPU and the checkpoint's dtype on GPUs.
+        revision: Hub revision (branch, tag or commit) when ``model`` is a repo id.
+        adapter: Load and use the model's proposal-only adapter (Nemotron's ``linear_spec_lora``).
+        stop: Stop sequences: strings (tokenized without special tokens) or lists of token ids.
+    """
+
+    model: str | ModelBackend | None = None
+    schedule: str | Mapping[str, Any] = "packed"
+    order: str | Mapping[str, Any] = "ltr"
+    acceptance: str | Mapping[str, Any] = "greedy"
+    width: int = 8
+    max_new_tokens: int = 256
+    seed: int | None = 0
+    device: str | None = None
+    dtype: str | None = None
+    revision: str | None = None
+    adapter: bool = False
+    stop: Sequence[str | Sequence[int]] = field(default_factory=tuple)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> DecoderConfig:
+        """Build a config from a mapping, rejecting unknown keys.
+
+        Raises:
+            ConfigError: For an unknown key (the message lists the valid ones).
+        """
+        if not isinstance(values, Mapping):
+            raise ConfigError(f"a decoder config must be a mapping or DecoderConfig, got {type(values).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(known)}")
+        return cls(**dict(values))
+
+    def validate(self) -> None:
+        """Check every field's type and range.
+
+        Raises:
+            ConfigError: Naming the first bad field, what is wrong and what to do.
+        """
+        _check_int("width", self.width, minimum=1)
+        _check_int("max_new_tokens", self.max_new_tokens, minimum=1)
+        if self.seed is not None:
+            _check_int("seed", self.seed, minimum=0)
+        if self.model is not None and not isinstance(self.model, (str, ModelBackend)):
+            raise ConfigError(
+                f"model must be a Hub repo id, a folder path, a loaded ModelBackend or None, got {self.model!r}"
+            )
+        if isinstance(self.model, str) and not self.model.strip():
+            raise ConfigError("model is an empty string; give a Hub repo id or folder, or None for the bundled model")
+        for name in ("device", "dtype", "revision"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise ConfigError(f"{name} must be a string or None, got {value!r}")
+        if isinstance(self.model, ModelBackend):
+            given = [n for n in ("device", "dtype", "revision") if getattr(self, n) is not None]
+            if given:
+                raise ConfigError(
+                    f"{', '.join(given)} only apply when specframe loads the model; the given model is already "
+                    f"loaded on {self.model.device} as {self.model.dtype} (drop those keys)"
+                )
+        if not isinstance(self.adapter, bool):
+            raise ConfigError(f"adapter must be true or false, got {self.adapter!r}")
+        for name in ("schedule", "order", "acceptance"):
+            plugin_spec(name, getattr(self, name))
+        if isinstance(self.stop, (str, bytes)) or not isinstance(self.stop, Sequence):
+            raise ConfigError(f"stop must be a list of strings or token-id lists, got {self.stop!r}")
+        for item in self.stop:
+            if isinstance(item, str):
+                if not item:
+                    raise ConfigError("stop contains an empty string")
+            elif not (
+                isinstance(item, Sequence)
+                and item
+                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)
+            ):
+                raise ConfigError(f"stop entries must be non-empty strings or lists of token ids, got {item!r}")
+
+
+def plugin_spec(field_name: str, value: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Split a plugin field into ``(name, options)``.
+
+    Raises:
+        ConfigError: If the value is neither a name nor a mapping with a string ``name``.
+    """
+    if isinstance(value, str):
+        if not value.strip():
+            raise ConfigError(f"{field_name} is an empty string; give a registered {field_name} name")
+        return value, {}
+    if isinstance(value, Mapping):
+        options = dict(value)
+        name = options.pop("name", None)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{field_name} mapping needs a 'name' key with the {field_name}'s name, got {value!r}")
+        return name, options
+    raise ConfigError(f"{field_name} must be a name or a mapping with 'name' and options, got {value!r}")
+
+
+def build_plugin(entry: PluginEntry, field_name: str, options: Mapping[str, Any], *args: Any) -> Any:
+    """Call a plugin factory with validated options, turning bad options into :class:`ConfigError`."""
+    signature = inspect.signature(entry.factory)
+    try:
+        signature.bind(*args, **options)
+    except TypeError:
+        accepted = [
+            p.name
+            for p in list(signature.parameters.values())[len(args) :]
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
+        bad = sorted(set(options) - set(accepted)) or sorted(options)
+        takes = ", ".join(accepted) if accepted else "no options"
+        raise ConfigError(
+            f"{field_name} {entry.name!r} does not take option(s) {', '.join(map(repr, bad))}; it takes: {takes}"
+        ) from None
+    try:
+        return entry.factory(*args, **options)
+    except SpecframeError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{field_name} {entry.name!r}: {exc}") from exc
+
+
+def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides: Any) -> Decoder:
+    """Build a :class:`Decoder` from a configuration.
+
+    Args:
+        config: A :class:`DecoderConfig` or a plain mapping (``None``: all defaults).
+        **overrides: Fields that replace the config's.
+
+    Raises:
+        ConfigError: A bad value, an unknown plugin name or bad plugin options.
+        CheckpointError: The model cannot be loaded.
+    """
+    if config is None:
+        cfg = DecoderConfig()
+    elif isinstance(config, DecoderConfig):
+        cfg = dataclasses.replace(config)
+    else:
+        cfg = DecoderConfig.from_mapping(config)
+    if overrides:
+        cfg = DecoderConfig.from_mapping({**_fields(cfg), **overrides})
+    cfg.validate()
+    registry = get_registry()
+    model = _load(cfg)
+    builder = build_plugin(_get(registry, "mask_builder", model.family), "mask builder", {}, model)
+    order_name, order_options = plugin_spec("order", cfg.order)
+    order = build_plugin(_get(registry, "order_policy", order_name), "order", order_options)
+    builder.check_order(order, order_name)
+    rule_name, rule_options = plugin_spec("acceptance", cfg.acceptance)
+    rule = build_plugin(_get(registry, "acceptance_rule", rule_name), "acceptance", rule_options)
+    schedule_name, schedule_options = plugin_spec("schedule", cfg.schedule)
+    schedule = build_plugin(
+        _get(registry, "schedule", schedule_name, family=model.family), "schedule", schedule_options
+    )
+    schedule.name = schedule.name or schedule_name
+    return Decoder(
+        model,
+        builder,
+        schedule,
+        order,
+        rule,
+        width=cfg.width,
+        max_new_tokens=cfg.max_new_tokens,
+        seed=cfg.seed,
+        stop_sequences=_stop_sequences(cfg, model),
+        config={**_fields(cfg), "model": model.name},
+    )
+
+
+def _fields(cfg: DecoderConfig) -> dict[str, Any]:
+    """The config's fields, shallowly (``dataclasses.asdict`` would deep-copy a loaded model)."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+
+
+def _get(registry: Registry, kind: str, name: str, *, family: str | None = None) -> PluginEntry:
+    return registry.get(kind, name, family=family)
+
+
+def _load(cfg: DecoderConfig) -> ModelBackend:
+    if isinstance(cfg.model, ModelBackend):
+        if cfg.adapter and not cfg.model.has_adapter:
+            raise ConfigError("adapter=True but the given model was loaded without its adapter")
+        return cfg.model
+    from specframe.models import load_model
+
+    return load_model(
+        cfg.model, device=cfg.device or "cpu", dtype=cfg.dtype, revision=cfg.revision, adapter=cfg.adapter
+    )
+
+
+def _stop_sequences(cfg: DecoderConfig, model: ModelBackend) -> list[list[int]]:
+    sequences = []
+    for item in cfg.stop:
+        if isinstance(item, str):
+            if model.tokenizer is None:
+                raise ConfigError(f"stop string {item!r} needs a tokenizer, and model {model.name!r} has none")
+            ids = model.tokenizer.encode(item)
+            if not ids:
+                raise ConfigError(f"stop string {item!r} tokenizes to nothing")
+            sequences.append(ids)
+        else:
+            ids = [int(t) for t in item]
+            if max(ids) >= model.vocab_size:
+                raise ConfigError(f"stop sequence {ids} has ids outside the vocabulary of {model.vocab_size}")
+            sequences.append(ids)
+    return sequences
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")

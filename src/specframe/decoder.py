@@ -1,0 +1,257 @@
+"""The decoding loop: plan -> mask builder -> model -> result -> schedule update, with metrics.
+
+One iteration, as data::
+
+    plan   = schedule.plan(state)              # CallPlan: logical, family-free
+    call   = builder.build(plan)               # PhysicalCall: rows, positions, attention
+    logits = model.forward(cache, call...)     # one forward over cached prefix + new rows
+    result = builder.read(call, logits)        # CallResult: verifier / drafter logits
+    schedule.update(state, plan, result)       # acceptance, next draft
+    commit accepted rows to the cache          # rollback is free: the rest is never committed
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specframe.acceptance.base import AcceptanceRule
+from specframe.errors import InputError
+from specframe.masks.base import MaskBuilder
+from specframe.metrics import Metrics
+from specframe.models.base import ModelBackend
+from specframe.models.cache import KVCache
+from specframe.orders.base import OrderPolicy
+from specframe.plan import PhysicalCall
+from specframe.schedules.base import Schedule
+from specframe.state import DecodeContext, DecodeState
+
+
+@dataclass
+class Generation:
+    """The result of one request.
+
+    Attributes:
+        text: Decoded text of the generated tokens (empty when the model has no tokenizer).
+        prompt_ids: Prompt token ids.
+        output_ids: Generated token ids only, EOS / stop tokens included.
+        stop_reason: ``"eos"``, ``"stop_sequence"`` or ``"length"``.
+        metrics: What the generation cost.
+    """
+
+    text: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    stop_reason: str
+    metrics: Metrics = field(default_factory=Metrics)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object ``specframe generate --json`` prints."""
+        return {
+            "text": self.text,
+            "prompt_ids": self.prompt_ids,
+            "output_ids": self.output_ids,
+            "stop_reason": self.stop_reason,
+            "metrics": self.metrics.to_dict(),
+        }
+
+
+class Decoder:
+    """A composed decoder: one model, its family's mask builder, a schedule, an order and an acceptance rule.
+
+    Build one with :func:`specframe.compose` rather than by hand.
+
+    Args:
+        model: The model backend.
+        builder: The family's mask builder.
+        schedule: The decoding schedule.
+        order: The verification order policy.
+        rule: The acceptance rule.
+        width: Speculative width W (>= 1).
+        max_new_tokens: Default output length limit L (>= 1).
+        seed: Seed of the random generator (``None``: a fresh random seed per request).
+        stop_sequences: Token sequences that end generation once fully accepted.
+        config: The configuration this decoder was composed from (for reports).
+    """
+
+    def __init__(
+        self,
+        model: ModelBackend,
+        builder: MaskBuilder,
+        schedule: Schedule,
+        order: OrderPolicy,
+        rule: AcceptanceRule,
+        *,
+        width: int,
+        max_new_tokens: int,
+        seed: int | None = 0,
+        stop_sequences: Sequence[Sequence[int]] = (),
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self.builder = builder
+        self.schedule = schedule
+        self.order = order
+        self.rule = rule
+        self.width = width
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.stop_sequences = tuple(tuple(int(t) for t in s) for s in stop_sequences)
+        self.config = dict(config or {})
+
+    # -- public API ------------------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> Generation:
+        """Generate a continuation of ``prompt`` (text) or ``prompt_ids`` (token ids).
+
+        Args:
+            prompt: Prompt text, tokenized with the model's tokenizer (BOS added per the family).
+            prompt_ids: Prompt token ids, used as given.
+            max_new_tokens: Override of the decoder's output limit.
+            seed: Override of the decoder's seed for this request.
+
+        Raises:
+            InputError: No prompt, both kinds given, an empty prompt, unknown token ids, or a prompt plus
+                output that does not fit the model's context.
+        """
+        ids = self._prompt_ids(prompt, prompt_ids)
+        limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InputError(f"max_new_tokens must be an integer >= 1, got {limit!r}")
+        if len(ids) + limit + 1 > self.model.max_positions:
+            raise InputError(
+                f"prompt of {len(ids)} tokens plus max_new_tokens={limit} exceeds the model's context of "
+                f"{self.model.max_positions} positions; shorten the prompt or lower max_new_tokens"
+            )
+        state = DecodeState(ids, limit, self._context(self.seed if seed is None else seed))
+        metrics = self._run(state)
+        output = state.output_ids()
+        metrics.generated_tokens = len(output)
+        return Generation(
+            text=self.model.decode(output),
+            prompt_ids=list(ids),
+            output_ids=output,
+            stop_reason=_stop_reason(state, output, limit),
+            metrics=metrics,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """The composed pieces and settings, JSON-friendly."""
+        return {
+            "model": self.model.describe(),
+            "schedule": self.schedule.describe(),
+            "order": self.order.describe(),
+            "acceptance": self.rule.describe(),
+            "width": self.width,
+            "max_new_tokens": self.max_new_tokens,
+            "seed": self.seed,
+        }
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def _run(self, state: DecodeState) -> Metrics:
+        model, builder, schedule = self.model, self.builder, self.schedule
+        metrics = Metrics()
+        capacity = len(state.prompt) + state.max_new_tokens + builder.max_rows(self.width, 0)
+        cache = model.new_cache(capacity)
+        # Each call resolves at least one position or is a drafting-only call followed by one that does;
+        # a schedule that loops without progress is a bug, reported instead of hanging.
+        budget = 4 * (state.max_new_tokens + 2) * max(self.width, 1) + 8
+        self._sync()
+        started = time.perf_counter()
+        while not state.done:
+            if metrics.nfe >= budget:
+                raise RuntimeError(f"schedule {schedule.name!r} made no progress after {metrics.nfe} calls")
+            plan = schedule.plan(state)
+            call = builder.build(plan)
+            forward_started = time.perf_counter()
+            logits = model.forward(
+                cache, call.input_ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
+            )
+            self._sync()
+            metrics.model_s += time.perf_counter() - forward_started
+            metrics.nfe += 1
+            metrics.rows_per_call.append(call.num_rows)
+            result = builder.read(call, logits)
+            schedule.update(state, plan, result)
+            state.calls += 1
+            self._commit(state, call, cache)
+        self._sync()
+        metrics.wall_s = time.perf_counter() - started
+        metrics.verifications = list(state.verifications)
+        return metrics
+
+    @staticmethod
+    def _commit(state: DecodeState, call: PhysicalCall, cache: KVCache) -> None:
+        """Keep the staged rows whose position ended up accepted with the token the row carries."""
+        rows, positions = [], []
+        for position, (row, token) in call.commit_rows.items():
+            if state.is_resolved(position) and state.token_at(position) == token:
+                rows.append(row)
+                positions.append(position)
+        cache.commit(rows, positions)
+        state.mark_cached(positions)
+        if state.pruned_cached:
+            cache.drop_positions(state.pruned_cached)
+            state.pruned_cached = set()
+
+    def _context(self, seed: int | None) -> DecodeContext:
+        generator = None
+        if self.rule.stochastic:
+            generator = torch.Generator(device=self.model.device)
+            if seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(int(seed))
+        return DecodeContext(
+            width=self.width,
+            order=self.order,
+            rule=self.rule,
+            traits=self.builder.traits,
+            generator=generator,
+            eos_token_ids=frozenset(self.model.eos_token_ids),
+            stop_sequences=self.stop_sequences,
+        )
+
+    def _prompt_ids(self, prompt: str | None, prompt_ids: Sequence[int] | None) -> list[int]:
+        if prompt is not None and prompt_ids is not None:
+            raise InputError("give either a prompt text or prompt ids, not both")
+        if prompt_ids is None:
+            if prompt is None:
+                raise InputError("no prompt given: pass prompt text or prompt_ids")
+            ids = self.model.encode_prompt(prompt)
+        else:
+            ids = [int(t) for t in prompt_ids]
+        if not ids:
+            raise InputError("the prompt is empty: give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
+        if bad:
+            raise InputError(
+                f"prompt token ids {bad[:5]} are outside the model's vocabulary [0, {self.model.vocab_size})"
+            )
+        return ids
+
+    def _sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
+
+
+def _stop_reason(state: DecodeState, output: list[int], limit: int) -> str:
+    if output and output[-1] in state.ctx.eos_token_ids:
+        return "eos"
+    if len(output) < limit:
+        return "stop_sequence"
+    if state.ctx.stop_sequences and any(
+        tuple(output[-len(s) :]) == s for s in state.ctx.stop_sequences if len(s) <= len(output)
+    ):
+        return "stop_sequence"
+    return "length"

@@ -1,0 +1,126 @@
+"""Per-request decoding metrics, counted as the paper counts them (appendix E.5).
+
+One NFE per model forward, the prompt call included; rows per call are the uncached rows each forward
+evaluates (Table 2's count, padding included); generated tokens include EOS and stop tokens. Wall time covers
+the whole decoding loop (synchronised on GPUs) and splits into model time (the forwards) and non-model time
+(planning, layout, acceptance, bookkeeping). Acceptance statistics follow vLLM's definitions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from specframe.state import Verification
+
+
+@dataclass
+class Metrics:
+    """What one generation cost and how its drafts fared.
+
+    Attributes:
+        nfe: Model forwards.
+        generated_tokens: Output tokens (EOS / stop tokens included).
+        rows_per_call: Uncached rows evaluated by each forward.
+        verifications: One record per verification (drafted chain length, accepted drafts, tokens added);
+            for the native decoders, one per diffusion step (tokens committed).
+        wall_s: Decoder wall time in seconds.
+        model_s: Seconds spent in model forwards.
+    """
+
+    nfe: int = 0
+    generated_tokens: int = 0
+    rows_per_call: list[int] = field(default_factory=list)
+    verifications: list[Verification] = field(default_factory=list)
+    wall_s: float = 0.0
+    model_s: float = 0.0
+
+    @property
+    def tokens_per_nfe(self) -> float:
+        """Generated tokens per model forward."""
+        return self.generated_tokens / self.nfe if self.nfe else 0.0
+
+    @property
+    def non_model_s(self) -> float:
+        """Decoder time outside model forwards."""
+        return max(self.wall_s - self.model_s, 0.0)
+
+    @property
+    def rows_per_call_max(self) -> int:
+        """Largest number of uncached rows in one call after the prompt call (0 if there was none)."""
+        return max(self.rows_per_call[1:], default=0)
+
+    @property
+    def accept_lengths(self) -> list[int]:
+        """Tokens added by each verification (accepted drafts + the verifier's token)."""
+        return [v.appended for v in self.verifications]
+
+    @property
+    def num_drafts(self) -> int:
+        """Verifications that checked at least one draft token."""
+        return sum(1 for v in self.verifications if v.drafted)
+
+    @property
+    def draft_tokens(self) -> int:
+        """Draft tokens checked."""
+        return sum(v.drafted for v in self.verifications)
+
+    @property
+    def accepted_tokens(self) -> int:
+        """Draft tokens accepted."""
+        return sum(v.accepted for v in self.verifications)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """``1 + accepted / drafts`` (vLLM): tokens per verification that checked a draft."""
+        return 1.0 + self.accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted draft tokens over checked draft tokens."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def tokens_per_verification(self) -> float:
+        """Mean tokens added by the verifications that checked a draft (after stopping rules)."""
+        drafted = [v.appended for v in self.verifications if v.drafted]
+        return sum(drafted) / len(drafted) if drafted else 0.0
+
+    def per_position_acceptance(self) -> list[float]:
+        """At each draft rank r: the share of drafts reaching rank r whose rank-r token was accepted (vLLM)."""
+        longest = max((v.drafted for v in self.verifications), default=0)
+        rates = []
+        for rank in range(longest):
+            reached = sum(1 for v in self.verifications if v.drafted > rank)
+            accepted = sum(1 for v in self.verifications if v.accepted > rank)
+            rates.append(accepted / reached if reached else 0.0)
+        return rates
+
+    def acceptance_histogram(self) -> dict[int, int]:
+        """How many verifications added each number of tokens."""
+        return dict(sorted(Counter(self.accept_lengths).items()))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly metrics."""
+        return {
+            "nfe": self.nfe,
+            "generated_tokens": self.generated_tokens,
+            "tokens_per_nfe": self.tokens_per_nfe,
+            "rows_per_call_max": self.rows_per_call_max,
+            "rows_per_call": list(self.rows_per_call),
+            "accept_lengths": self.accept_lengths,
+            "wall_s": self.wall_s,
+            "model_s": self.model_s,
+            "non_model_s": self.non_model_s,
+            "acceptance": {
+                "num_drafts": self.num_drafts,
+                "draft_tokens": self.draft_tokens,
+                "accepted_tokens": self.accepted_tokens,
+                "mean_acceptance_length": self.mean_acceptance_length,
+                "acceptance_rate": self.acceptance_rate,
+                "tokens_per_verification": self.tokens_per_verification,
+                "per_position_acceptance": self.per_position_acceptance(),
+                "histogram": {str(k): v for k, v in self.acceptance_histogram().items()},
+            },
+        }

@@ -1,0 +1,30 @@
+"""The order-policy interface: in which order the positions of the active window are verified."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+
+
+class OrderPolicy(ABC):
+    """Chooses the verification order of the unresolved positions in the active window.
+
+    The order is fixed before the model call from information available then (Appendix C of the paper).
+    """
+
+    #: True when the policy always returns positions in increasing (textual) order. Families whose
+    #: verifier is left-to-right only (Nemotron) accept only such policies.
+    left_to_right: bool = False
+
+    @abstractmethod
+    def order(self, positions: Sequence[int], scores: Mapping[int, float]) -> list[int]:
+        """Return ``positions`` permuted into verification rank order.
+
+        Args:
+            positions: Unresolved output positions of the active window, in increasing order.
+            scores: Confidence scores the schedule recorded for some positions (higher = check earlier).
+        """
+
+    def describe(self) -> dict[str, object]:
+        """JSON-friendly description."""
+        return {"name": type(self).__name__}

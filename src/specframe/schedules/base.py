@@ -1,0 +1,153 @@
+"""The schedule interface and the verification steps every speculative schedule shares.
+
+A schedule turns the decoding state into one :class:`~specframe.plan.CallPlan` per model call and folds the
+call's result back into the state. It never sees physical rows or model families; what a family's layout can
+express reaches it as :class:`~specframe.state.LayoutTraits`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+from specframe.acceptance.base import DraftRef, Proposals, Verdict
+from specframe.plan import CallPlan, CallResult
+from specframe.state import DecodeContext, DecodeState
+
+
+class Schedule(ABC):
+    """Plans model calls and applies their results."""
+
+    #: Registered name (for metrics and error messages).
+    name: str = ""
+
+    def check(self, ctx: DecodeContext) -> None:  # noqa: B027 - optional hook with a no-op default
+        """Raise :class:`~specframe.errors.ConfigError` if this schedule cannot run with ``ctx``."""
+
+    @abstractmethod
+    def plan(self, state: DecodeState) -> CallPlan:
+        """The next call to make (only called while ``state.done`` is False)."""
+
+    @abstractmethod
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
+        """Apply the result of ``plan``'s call: accept tokens, store new drafts and scores."""
+
+    def describe(self) -> dict[str, object]:
+        """JSON-friendly description."""
+        return {"name": self.name}
+
+
+@dataclass(frozen=True)
+class VerificationWindow:
+    """The active window in verification order, with the draft chain that covers its leading ranks.
+
+    Attributes:
+        order: Window positions in rank order, possibly followed by one bonus position.
+        chain: Stored drafts for the leading ranks (kappa of them).
+        num_verify: Ranks that need a verifier distribution (m).
+        window_size: Unresolved positions in the window (u), excluding any bonus position.
+    """
+
+    order: tuple[int, ...]
+    chain: tuple[DraftRef, ...]
+    num_verify: int
+    window_size: int
+
+    @property
+    def window(self) -> tuple[int, ...]:
+        """The window's positions in increasing order (no bonus position)."""
+        return tuple(sorted(self.order[: self.window_size]))
+
+
+def verification_window(state: DecodeState) -> VerificationWindow:
+    """Order the active window and find the draft chain to verify (Algorithm 3, lines 3-6).
+
+    The chain is the run of leading ranks that hold a stored draft token. The verifier scores ranks up to
+    one past the chain, inside the window; a family with a free bonus (a shifted next-token verifier) also
+    scores the position right after a fully drafted, left-to-right window.
+    """
+    ctx = state.ctx
+    window = state.window()
+    order = ctx.order.order(window, state.scores)
+    if sorted(order) != window:
+        raise RuntimeError(f"order policy {ctx.order.describe()} returned {order} for window {window}")
+    chain: list[DraftRef] = []
+    for position in order:
+        draft = state.drafts.get(position)
+        if draft is None:
+            break
+        chain.append(draft)
+    size = len(order)
+    num_verify = min(len(chain) + 1, size)
+    bonus = order[-1] + 1 if order else None
+    if (
+        len(chain) == size
+        and ctx.traits.free_bonus
+        and bonus is not None
+        and bonus <= state.end
+        and not state.is_resolved(bonus)
+        and order == list(range(order[0], order[0] + size))
+    ):
+        order = [*order, bonus]
+        num_verify = size + 1
+    return VerificationWindow(tuple(order), tuple(chain), num_verify, size)
+
+
+def planned_chain(state: DecodeState, plan: CallPlan) -> tuple[DraftRef, ...]:
+    """The stored drafts (with their proposals) that ``plan``'s chain was built from."""
+    return tuple(state.drafts[p] for p in plan.chain_positions)
+
+
+def accept_verdict(state: DecodeState, plan: CallPlan, chain: tuple[DraftRef, ...], verdict: Verdict) -> int:
+    """Accept the verified drafts and the verifier's token; record the outcome.
+
+    Returns:
+        The number of tokens the verification added (h + 1, or h without a verifier token), before the
+        stopping rules; the state applies EOS, stop sequences and the length limit.
+    """
+    pairs = [(plan.order[r], chain[r].token) for r in range(verdict.accepted)]
+    if verdict.token is not None:
+        pairs.append((plan.order[verdict.accepted], verdict.token))
+    kept = state.accept(pairs)
+    state.record(drafted=len(chain), accepted=verdict.accepted, appended=kept)
+    return len(pairs)
+
+
+def verify_planned_chain(state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
+    """Run the acceptance rule on ``plan``'s chain and accept its outcome; returns the verdict."""
+    ctx = state.ctx
+    chain = planned_chain(state, plan)
+    verdict = ctx.rule.verify(chain, result.verify_logits, ctx.generator)
+    accept_verdict(state, plan, chain, verdict)
+    return verdict
+
+
+def store_drafts(
+    state: DecodeState, targets: tuple[int, ...], proposals: Proposals, *, keep_scores: bool = False
+) -> None:
+    """Make ``proposals`` (one per target, in order) the state's draft, at targets still unresolved.
+
+    Args:
+        state: The decoding state.
+        targets: Positions the proposals are for.
+        proposals: The drafter's proposals.
+        keep_scores: Keep the state's existing confidence scores instead of the proposals' (Linear-SS
+            orders by the verifier's confidence, not the drafter's).
+    """
+    drafts = {p: DraftRef(proposals, i) for i, p in enumerate(targets)}
+    scores = state.scores if keep_scores else dict(zip(targets, proposals.scores.tolist(), strict=True))
+    state.set_drafts(drafts, scores)
+
+
+def window_plan(
+    state: DecodeState, window: VerificationWindow, drafts: tuple = (), *, width: int | None = None
+) -> CallPlan:
+    """A plan that verifies ``window`` and proposes ``drafts`` in the same call."""
+    return CallPlan(
+        pending=state.pending,
+        order=window.order,
+        chain=tuple(d.token for d in window.chain),
+        num_verify=window.num_verify,
+        drafts=tuple(drafts),
+        width=state.ctx.width if width is None else width,
+    )

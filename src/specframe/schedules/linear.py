@@ -1,0 +1,63 @@
+"""Linear-SS: the standard two-call self-speculative schedule.
+
+Each iteration drafts the window from the newest verified prefix (a drafting-only call), then verifies that
+draft (a verification-only call). The first call processes the prompt and adds the first token.
+
+With the confidence order, positions are ranked by the verifier's top probability from the previous
+verification (appendix E.6); the order is fixed before the drafting call.
+"""
+
+from __future__ import annotations
+
+from specframe.hookspecs import hookimpl
+from specframe.plan import CallPlan, CallResult, DraftGroup
+from specframe.schedules.base import (
+    Schedule,
+    store_drafts,
+    verification_window,
+    verify_planned_chain,
+    window_plan,
+)
+from specframe.state import DecodeState
+
+
+class LinearSchedule(Schedule):
+    """Two calls per iteration: draft from ``P_t``, then verify."""
+
+    name = "linear"
+
+    def plan(self, state: DecodeState) -> CallPlan:
+        """Prompt call, then alternately a drafting call (no stored draft) and a verification call."""
+        if state.first_call or state.drafts:
+            return window_plan(state, verification_window(state))
+        targets = tuple(state.window())
+        return CallPlan(
+            pending=state.pending,
+            order=(),
+            chain=(),
+            num_verify=0,
+            drafts=(DraftGroup(context=0, targets=targets),),
+            width=state.ctx.width,
+        )
+
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
+        """Store a fresh draft, or verify one and remember the verifier's confidence per position."""
+        ctx = state.ctx
+        if plan.num_verify == 0:
+            proposals = ctx.rule.propose(result.draft_logits[0], ctx.generator)
+            store_drafts(state, plan.drafts[0].targets, proposals, keep_scores=True)
+            return
+        verdict = verify_planned_chain(state, plan, result)
+        scores = dict(zip(plan.order[: plan.num_verify], verdict.scores.tolist(), strict=True))
+        state.set_drafts({}, scores)
+
+
+def make_linear() -> LinearSchedule:
+    """Factory for the ``linear`` schedule, which takes no options."""
+    return LinearSchedule()
+
+
+@hookimpl
+def register_schedules(register):
+    """Register the ``linear`` schedule."""
+    register("linear", make_linear)

@@ -1,0 +1,57 @@
+"""Packed-SS: verify the current draft and draft the next one in ONE call (the paper's Algorithms 1-3).
+
+The drafter runs one call ahead: while the verifier checks the draft ``D_{t-1}``, the diffusion mode proposes
+the W positions of the current window from the verified prefix ``P_{t-1}`` alone. After acceptance, the
+proposals at positions that are still unresolved become the next draft; the others are discarded. Input size
+stays linear in W, and because each draft token is verified against the distribution it was drawn from, the
+output is exactly the verifier's (Theorem 3.3).
+
+Initial call (appendix E.2): with no draft yet the verifier adds exactly one token, so the first call drafts
+the W positions after it and the second call verifies a full draft.
+"""
+
+from __future__ import annotations
+
+from specframe.hookspecs import hookimpl
+from specframe.plan import CallPlan, CallResult, DraftGroup
+from specframe.schedules.base import (
+    Schedule,
+    store_drafts,
+    verification_window,
+    verify_planned_chain,
+    window_plan,
+)
+from specframe.state import DecodeState
+
+
+class PackedSchedule(Schedule):
+    """One call per iteration: verify ``D_{t-1}`` and draft from ``P_{t-1}`` together."""
+
+    name = "packed"
+
+    def plan(self, state: DecodeState) -> CallPlan:
+        """Verify the stored draft over the window and draft the window from the verified prefix."""
+        window = verification_window(state)
+        if state.first_call:
+            # Rank 1 is resolved by this very call, so its proposal would be discarded: draft past it.
+            targets = tuple(state.window(after=window.order[:1]))
+        else:
+            targets = window.window
+        return window_plan(state, window, (DraftGroup(context=0, targets=targets),))
+
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
+        """Verify against the stored proposals, then keep the fresh proposals at unresolved positions."""
+        verify_planned_chain(state, plan, result)
+        proposals = state.ctx.rule.propose(result.draft_logits[0], state.ctx.generator)
+        store_drafts(state, plan.drafts[0].targets, proposals)
+
+
+def make_packed() -> PackedSchedule:
+    """Factory for the ``packed`` schedule, which takes no options."""
+    return PackedSchedule()
+
+
+@hookimpl
+def register_schedules(register):
+    """Register the ``packed`` schedule."""
+    register("packed", make_packed)

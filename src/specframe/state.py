@@ -1,0 +1,222 @@
+"""Per-request decoding state shared by every schedule.
+
+The state knows which output positions hold accepted tokens, which accepted tokens are still pending (not
+in the KV cache), the stored draft tokens with their proposals, and the last output position ``end`` (E in
+the paper's Algorithm 3), which an accepted EOS token or a completed stop sequence moves earlier. It knows no
+model family: schedules read it to build plans and write acceptance outcomes back into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from specframe.acceptance.base import AcceptanceRule, DraftRef
+from specframe.orders.base import OrderPolicy
+
+
+@dataclass(frozen=True)
+class LayoutTraits:
+    """What a model family's layout can express, in family-free terms.
+
+    Attributes:
+        free_bonus: The verifier scores the position right after a fully drafted window at no extra row
+            (a shifted next-token verifier, e.g. Nemotron's causal rows). When False (a same-position
+            verifier such as SetDLM's mask rows), verification ends at the window's last position.
+        any_order: The verifier can check positions in any order; when False, only left to right.
+    """
+
+    free_bonus: bool
+    any_order: bool
+
+
+@dataclass(frozen=True)
+class DecodeContext:
+    """Fixed settings of one request, handed to the schedule through the state.
+
+    Attributes:
+        width: Speculative width W (>= 1).
+        order: Verification order policy.
+        rule: Acceptance rule.
+        traits: Layout traits of the model family.
+        generator: Random generator for stochastic acceptance (seeded for reproducibility).
+        eos_token_ids: Token ids that end generation.
+        stop_sequences: Token sequences that end generation once all their tokens are accepted.
+    """
+
+    width: int
+    order: OrderPolicy
+    rule: AcceptanceRule
+    traits: LayoutTraits
+    generator: torch.Generator | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+
+
+@dataclass
+class Verification:
+    """Outcome of one verification: drafted chain length, accepted drafts, tokens appended."""
+
+    drafted: int
+    accepted: int
+    appended: int
+
+
+@dataclass
+class DecodeState:
+    """Mutable state of one generation request.
+
+    Args:
+        prompt: Prompt token ids (positions ``0 .. n-1``).
+        max_new_tokens: Output length limit L; the last output position is ``n + L - 1``.
+        ctx: The request's fixed settings.
+    """
+
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    ctx: DecodeContext
+    tokens: dict[int, int] = field(default_factory=dict)
+    drafts: dict[int, DraftRef] = field(default_factory=dict)
+    scores: dict[int, float] = field(default_factory=dict)
+    verifications: list[Verification] = field(default_factory=list)
+    calls: int = 0
+
+    def __post_init__(self) -> None:
+        self.prompt = tuple(int(t) for t in self.prompt)
+        self.start = len(self.prompt)
+        self.end = self.start + self.max_new_tokens - 1
+        self._pending: list[int] = list(range(self.start))
+        self._cached: set[int] = set()
+        self._frontier = self.start
+        self.pruned_cached: set[int] = set()
+
+    # -- reading -----------------------------------------------------------------------------------------
+    def token_at(self, position: int) -> int:
+        """The prompt or accepted output token at ``position``."""
+        return self.prompt[position] if position < self.start else self.tokens[position]
+
+    def is_resolved(self, position: int) -> bool:
+        """Whether ``position`` holds a prompt or accepted token."""
+        return position < self.start or position in self.tokens
+
+    @property
+    def pending(self) -> tuple[tuple[int, int], ...]:
+        """Accepted ``(position, token)`` pairs not yet in the KV cache, in generation order."""
+        return tuple((p, self.token_at(p)) for p in self._pending)
+
+    def leftmost_unresolved(self) -> int | None:
+        """The first output position without an accepted token, or ``None`` when generation is complete."""
+        while self._frontier in self.tokens:
+            self._frontier += 1
+        return self._frontier if self._frontier <= self.end else None
+
+    @property
+    def done(self) -> bool:
+        """Whether every output position up to ``end`` is resolved."""
+        return self.leftmost_unresolved() is None
+
+    @property
+    def first_call(self) -> bool:
+        """True before the first model call of this request."""
+        return self.calls == 0
+
+    def window(self, width: int | None = None, *, after: Iterable[int] = ()) -> list[int]:
+        """Unresolved positions of the active window, in increasing order.
+
+        The window starts at the leftmost unresolved position and spans ``width`` consecutive positions
+        (clipped at ``end``); resolved positions inside it are skipped (Algorithm 3, line 4).
+
+        Args:
+            width: Window length; the context's width by default.
+            after: Positions to treat as resolved too (to compute the window after a hypothetical accept).
+        """
+        width = self.ctx.width if width is None else width
+        assumed = set(after)
+        left = self._frontier
+        while left in self.tokens or left in assumed:
+            left += 1
+        right = min(self.end, left + width - 1)
+        return [p for p in range(left, right + 1) if p not in self.tokens and p not in assumed]
+
+    def output_ids(self) -> list[int]:
+        """Generated token ids in textual order (up to the first unresolved position)."""
+        out = []
+        for position in range(self.start, self.end + 1):
+            if position not in self.tokens:
+                break
+            out.append(self.tokens[position])
+        return out
+
+    # -- writing -----------------------------------------------------------------------------------------
+    def accept(self, pairs: Sequence[tuple[int, int]]) -> int:
+        """Append accepted ``(position, token)`` pairs in generation order and apply the stopping rules.
+
+        An EOS token at position ``j`` sets ``end = min(end, j)``; a stop sequence whose tokens are all
+        accepted sets ``end`` to its last position (the earliest-ending one wins). Tokens beyond ``end`` are
+        discarded, also ones accepted earlier (any-order verification can accept them before the EOS).
+
+        Returns:
+            How many of ``pairs`` are kept.
+        """
+        new: list[int] = []
+        for position, token in pairs:
+            if position > self.end:
+                continue
+            if self.is_resolved(position):
+                raise RuntimeError(f"position {position} is already resolved; a schedule accepted it twice")
+            self.tokens[position] = int(token)
+            self._pending.append(position)
+            new.append(position)
+            if token in self.ctx.eos_token_ids:
+                self.end = min(self.end, position)
+        self._apply_stop_sequences(new)
+        self._prune_beyond_end()
+        for position in new:
+            self.drafts.pop(position, None)
+            self.scores.pop(position, None)
+        return sum(1 for p in new if p in self.tokens)
+
+    def mark_cached(self, positions: Iterable[int]) -> None:
+        """Record that ``positions`` now have their keys and values in the KV cache."""
+        cached = set(positions)
+        self._cached |= cached
+        self._pending = [p for p in self._pending if p not in cached]
+
+    def forget_cached(self, positions: Iterable[int]) -> None:
+        """Record that ``positions`` were removed from the KV cache."""
+        self._cached -= set(positions)
+
+    def set_drafts(self, drafts: dict[int, DraftRef], scores: dict[int, float]) -> None:
+        """Replace the stored draft with new draft tokens (kept only at unresolved positions <= end)."""
+        self.drafts = {p: d for p, d in drafts.items() if p <= self.end and not self.is_resolved(p)}
+        self.scores = {p: s for p, s in scores.items() if p <= self.end and not self.is_resolved(p)}
+
+    def record(self, drafted: int, accepted: int, appended: int) -> None:
+        """Record a verification outcome for the metrics."""
+        self.verifications.append(Verification(drafted, accepted, appended))
+
+    def _apply_stop_sequences(self, new: list[int]) -> None:
+        for sequence in self.ctx.stop_sequences:
+            length = len(sequence)
+            for position in new:
+                for first in range(max(self.start, position - length + 1), position + 1):
+                    last = first + length - 1
+                    if last > self.end:
+                        continue
+                    if all(self.tokens.get(first + i) == sequence[i] for i in range(length)):
+                        self.end = min(self.end, last)
+
+    def _prune_beyond_end(self) -> None:
+        beyond = [p for p in self.tokens if p > self.end]
+        if not beyond:
+            return
+        for position in beyond:
+            del self.tokens[position]
+        dropped = set(beyond)
+        self._pending = [p for p in self._pending if p not in dropped]
+        self.pruned_cached |= dropped & self._cached
+        self._cached -= dropped
+        self.drafts = {p: d for p, d in self.drafts.items() if p <= self.end}
+        self.scores = {p: s for p, s in self.scores.items() if p <= self.end}
