@@ -1,7 +1,12 @@
 """Test-wide settings: isolate the run from whatever plugins are installed in the environment."""
 
 import os
+import pathlib
+import sys
 
 # Entry-point plugins installed in this environment must not leak into tests; tests that exercise
 # entry-point discovery build their own plugin host with an explicit selection.
 os.environ["SPECFRAME_LOAD_PLUGINS"] = ""
+
+# Test helpers (oracle models, fixtures) live beside the tests.
+sys.path.insert(0, str(pathlib.Path(__file__).parent))

@@ -1,0 +1,198 @@
+"""The ``specframe`` command line.
+
+Subcommands:
+
+* ``specframe plugins``: every registered implementation as JSON (kind, name, plugin, distribution);
+* ``specframe generate``: decode one prompt and print the text or, with ``--json``, text, ids and metrics;
+* ``specframe bench`` and ``specframe train`` live in their own modules and are loaded on demand.
+
+Errors exit non-zero with a one-line message and no traceback (set ``SPECFRAME_DEBUG=1`` to see one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from specframe.errors import SpecframeError
+
+# Subcommands implemented in other modules: name -> module with add_parser(subparsers) and run(args).
+EXTERNAL_COMMANDS = {
+    "bench": "specframe.bench.cli",
+    "train": "specframe.training.cli",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``specframe`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.handler(args) or 0)
+    except SpecframeError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return _fail("interrupted")
+    except Exception as exc:  # keep the one-line contract, but keep bugs debuggable
+        if os.environ.get("SPECFRAME_DEBUG"):
+            raise
+        return _fail(f"internal error ({type(exc).__name__}: {exc}); set SPECFRAME_DEBUG=1 for a traceback")
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The argument parser; external subcommands are imported only when named on the command line."""
+    parser = argparse.ArgumentParser(prog="specframe", description="Lossless self-speculative decoding.")
+    sub = parser.add_subparsers(dest="command", metavar="{plugins,generate,bench,train}")
+    plugins = sub.add_parser("plugins", help="list registered plugins as JSON")
+    plugins.add_argument(
+        "--failures", action="store_true", help="also print plugins that failed to load (as JSON on stderr)"
+    )
+    plugins.set_defaults(handler=run_plugins)
+    add_generate_parser(sub)
+    for name, module_name in EXTERNAL_COMMANDS.items():
+        if name in argv:
+            module = importlib.import_module(module_name)
+            module.add_parser(sub)
+        else:
+            sub.add_parser(name, help=f"see `specframe {name} --help`", add_help=False)
+    return parser
+
+
+def add_generate_parser(sub: Any) -> None:
+    """Add ``specframe generate``."""
+    gen = sub.add_parser("generate", help="decode one prompt")
+    gen.add_argument("prompt", nargs="?", help="prompt text ('-' reads standard input)")
+    add_decoder_options(gen)
+    gen.add_argument("--prompt-ids", help="comma-separated prompt token ids instead of text, e.g. 1,2,3")
+    gen.add_argument("--json", action="store_true", help="print one JSON object with text, ids and metrics")
+    gen.set_defaults(handler=run_generate)
+
+
+def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = True) -> None:
+    """Options shared by ``generate`` and ``bench`` that compose a decoder."""
+    parser.add_argument("--model", help="Hub repo id or checkpoint folder (default: the bundled small model)")
+    if schedule:
+        parser.add_argument("--schedule", default="packed", help="ar, linear, quadratic, packed, native, ...")
+    parser.add_argument("--order", default="ltr", help="verification order: ltr or confidence")
+    parser.add_argument(
+        "--acceptance", help="greedy or rejection (default: greedy, or rejection when a sampling option is given)"
+    )
+    parser.add_argument("--width", type=int, default=8, help="speculative width W (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="output length limit (default 256)")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (rejection sampling)")
+    parser.add_argument("--top-k", type=int, help="top-k truncation (rejection sampling)")
+    parser.add_argument("--top-p", type=float, help="top-p truncation (rejection sampling)")
+    parser.add_argument("--threshold", type=float, help="confidence threshold of the native decoders")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
+    parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
+    parser.add_argument("--revision", help="Hub revision of --model")
+    parser.add_argument("--adapter", action="store_true", help="use the model's proposal-only LoRA adapter")
+    parser.add_argument(
+        "--stop", action="append", default=[], help="stop string (repeatable); ends output once fully accepted"
+    )
+
+
+def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> dict[str, Any]:
+    """The decoder config a parsed command line asks for."""
+    sampling = {
+        k: v
+        for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p))
+        if v is not None
+    }
+    acceptance_name = args.acceptance or ("rejection" if sampling else "greedy")
+    schedule_name = schedule or getattr(args, "schedule", "packed")
+    schedule_spec: Any = schedule_name
+    if args.threshold is not None:
+        schedule_spec = {"name": schedule_name, "threshold": args.threshold}
+    return {
+        "model": args.model,
+        "schedule": schedule_spec,
+        "order": args.order,
+        "acceptance": {"name": acceptance_name, **sampling} if sampling else acceptance_name,
+        "width": args.width,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+        "device": args.device,
+        "dtype": args.dtype,
+        "revision": args.revision,
+        "adapter": args.adapter,
+        "stop": list(args.stop),
+    }
+
+
+def run_plugins(args: argparse.Namespace) -> int:
+    """``specframe plugins``: print the registry as JSON."""
+    from specframe.plugins import get_registry
+
+    registry = get_registry()
+    print(json.dumps([e.describe() for e in registry.entries()], indent=2))
+    problems = [str(f) for f in registry.failures]
+    problems += [
+        f"{g[0].kind} {g[0].name!r} is registered by both "
+        + " and ".join(f"{e.plugin!r} ({e.distribution})" for e in g)
+        for g in registry.duplicates()
+    ]
+    if args.failures:
+        print(json.dumps(problems, indent=2), file=sys.stderr)
+    else:
+        for problem in problems:
+            print(f"warning: {problem}", file=sys.stderr)
+    return 0
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    """``specframe generate``: decode one prompt."""
+    from specframe.config import compose
+
+    prompt, prompt_ids = _read_prompt(args)
+    decoder = compose(decoder_config(args))
+    result = decoder.generate(prompt, prompt_ids=prompt_ids)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(result.text)
+        m = result.metrics
+        share = m.non_model_s / max(m.wall_s, 1e-9)
+        print(
+            f"[{decoder.schedule.name}] {m.generated_tokens} tokens, {m.nfe} NFE, "
+            f"{m.tokens_per_nfe:.2f} tokens/NFE, {m.wall_s:.3f} s ({share:.0%} non-model)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None]:
+    if args.prompt is not None and args.prompt_ids is not None:
+        raise SpecframeError("give either a PROMPT or --prompt-ids, not both")
+    if args.prompt_ids is not None:
+        try:
+            ids = [int(part) for part in args.prompt_ids.split(",") if part.strip()]
+        except ValueError:
+            raise SpecframeError(
+                f"--prompt-ids must be comma-separated integers like 1,2,3, got {args.prompt_ids!r}"
+            ) from None
+        return None, ids
+    if args.prompt is None:
+        raise SpecframeError("no prompt: give PROMPT text, '-' to read standard input, or --prompt-ids")
+    if args.prompt == "-":
+        return sys.stdin.read(), None
+    return args.prompt, None
+
+
+def _fail(message: str) -> int:
+    print(f"error: {' '.join(message.split())}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())
