@@ -1,0 +1,38 @@
+"""Ablation verification orders for specframe (an example plugin distribution).
+
+Installing this distribution makes the order ``lowest-confidence`` available by name to
+``specframe.compose`` and the CLI, with no change to specframe: it is discovered through the ``specframe``
+entry-point group declared in this package's ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from specframe import hookimpl
+from specframe.orders.base import OrderPolicy
+
+
+class LowestConfidenceFirst(OrderPolicy):
+    """Verify the least confident draft positions first; unscored positions last, in textual order."""
+
+    left_to_right = False
+
+    def order(self, positions: Sequence[int], scores: Mapping[int, float]) -> list[int]:
+        """Scored positions by increasing score (ties: lower position first), then the rest in order."""
+        scored = sorted(
+            (p for p in positions if p in scores and math.isfinite(scores[p])), key=lambda p: (scores[p], p)
+        )
+        rest = sorted(p for p in positions if p not in scores or not math.isfinite(scores[p]))
+        return scored + rest
+
+    def describe(self) -> dict[str, object]:
+        """The policy's name."""
+        return {"name": "lowest-confidence"}
+
+
+@hookimpl
+def register_order_policies(register):
+    """Register the ``lowest-confidence`` order."""
+    register("lowest-confidence", LowestConfidenceFirst)
