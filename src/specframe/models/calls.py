@@ -1,0 +1,99 @@
+"""Validating the inputs of one model call before it runs, with messages that name the problem."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specframe.errors import InputError
+from specframe.models.base import ModelBackend
+from specframe.models.cache import KVCache
+
+
+@dataclass(frozen=True)
+class Call:
+    """The inputs of one :meth:`ModelBackend.forward` call (see there)."""
+
+    cache: KVCache
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention: torch.Tensor
+    output_rows: torch.Tensor | None = None
+    adapter_rows: torch.Tensor | None = None
+
+    @property
+    def rows(self) -> int:
+        """Number of new rows."""
+        return self.input_ids.shape[0]
+
+
+def check_call(model: ModelBackend, call: Call, *, values: bool = True) -> None:
+    """Check shapes, dtypes and devices (no host sync) and, with ``values``, the ids (one host sync).
+
+    Raises:
+        InputError: Naming every problem found.
+    """
+    problems = _shape_problems(model, call)
+    if not problems and values:
+        problems = _value_problems(model, call)
+    if problems:
+        raise InputError("; ".join(problems))
+
+
+def _shape_problems(model: ModelBackend, call: Call) -> list[str]:
+    ids, positions, attention = call.input_ids, call.position_ids, call.attention
+    rows = ids.shape[0] if ids.dim() == 1 else -1
+    problems = []
+    if rows < 1:
+        problems.append(f"input_ids must be a non-empty 1-D tensor, got shape {list(ids.shape)}")
+    for label, tensor in (("input_ids", ids), ("position_ids", positions)):
+        if tensor.dtype not in (torch.int64, torch.int32) or tensor.device != model.device:
+            got = f"{tensor.dtype} on {tensor.device}"
+            problems.append(f"{label} must be an integer tensor on {model.device}, got {got}")
+    if positions.shape != ids.shape:
+        problems.append(f"position_ids shape {list(positions.shape)} != input_ids {list(ids.shape)}")
+    if attention.shape != (rows, rows) or attention.dtype != torch.bool:
+        got = f"{attention.dtype} {list(attention.shape)}"
+        problems.append(f"attention must be a [{rows}, {rows}] bool tensor, got {got}")
+    if call.output_rows is not None and call.output_rows.dim() != 1:
+        problems.append(f"output_rows must be 1-D, got shape {list(call.output_rows.shape)}")
+    adapter = call.adapter_rows
+    if adapter is not None and (adapter.shape != (rows,) or adapter.dtype != torch.bool):
+        problems.append(f"adapter_rows must be a [{rows}] bool tensor, got {adapter.dtype} {list(adapter.shape)}")
+    keys = call.cache.keys
+    expected = (model.num_layers, model.num_kv_heads, model.head_dim)
+    found = (call.cache.num_layers, *keys.shape[2:])
+    if found != expected or keys.dtype != model.dtype or keys.device != model.device:
+        problems.append(
+            f"the KV cache ({keys.dtype}, {keys.device}, layers/heads/head size {found}) was not made for this "
+            f"model ({model.dtype}, {model.device}, {expected}); create it with model.new_cache()"
+        )
+    return problems
+
+
+def _value_problems(model: ModelBackend, call: Call) -> list[str]:
+    stats = [call.input_ids.min(), call.input_ids.max(), call.position_ids.min(), call.position_ids.max()]
+    selected = call.output_rows is not None and call.output_rows.numel() > 0
+    if selected:
+        stats += [call.output_rows.min(), call.output_rows.max()]
+    if call.cache.length == 0:  # with cached rows every row sees something
+        stats.append((~call.attention.any(dim=1)).sum())
+    values = torch.stack([s.to(torch.int64) for s in stats]).tolist()  # one host sync
+    low_id, high_id, low_pos, high_pos = values[:4]
+    problems = []
+    if low_id < 0 or high_id >= model.vocab_size:
+        bad = high_id if high_id >= model.vocab_size else low_id
+        problems.append(f"token id {bad} is outside the model's vocabulary [0, {model.vocab_size})")
+    if low_pos < 0:
+        problems.append(f"position id {low_pos} is negative")
+    if high_pos > model.max_positions:
+        problems.append(
+            f"position id {high_pos} is beyond the model's context of {model.max_positions + 1} positions "
+            "(max_position_embeddings): shorten the prompt or the requested output"
+        )
+    if selected and (values[4] < 0 or values[5] >= call.rows):
+        problems.append(f"output_rows must index the {call.rows} rows of the call")
+    if call.cache.length == 0 and values[-1]:
+        problems.append(f"{values[-1]} row(s) attend to nothing (empty cache and an all-False mask row)")
+    return problems

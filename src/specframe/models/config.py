@@ -1,0 +1,235 @@
+"""Reading a checkpoint's ``config.json``: typed fields, RoPE settings and special token ids.
+
+Field names are those of the published Hub configs (Llama / Mistral / Qwen3 conventions). Every missing or
+malformed field is reported in one :class:`~specframe.errors.CheckpointError` that names the file and says
+what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specframe.errors import CheckpointError
+from specframe.models.layers import RopeSpec
+
+CONFIG_NAME = "config.json"
+
+_MISSING = object()
+
+
+def read_json(path: Path, what: str) -> dict[str, Any]:
+    """Parse a JSON object from ``path``.
+
+    Raises:
+        CheckpointError: If the file is missing, is not valid JSON or is not an object.
+    """
+    if not path.is_file():
+        raise CheckpointError(f"{what} not found: {path} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{what} {path} is not valid JSON ({exc}); restore or re-download it") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{what} {path} must hold a JSON object, not {type(data).__name__}")
+    return data
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    """The ``config.json`` of a checkpoint folder."""
+    return read_json(folder / CONFIG_NAME, "model config")
+
+
+class Fields:
+    """Typed access to a config dict that collects every problem before raising.
+
+    Args:
+        data: The parsed config.
+        where: How to name the config in messages (usually its path).
+        hint: What the user can do about missing fields.
+    """
+
+    def __init__(self, data: Mapping[str, Any], where: str, hint: str = "") -> None:
+        self.data = data
+        self.where = where
+        self.hint = hint
+        self.missing: list[str] = []
+        self.invalid: list[str] = []
+
+    def int(self, name: str, default: Any = _MISSING, *, minimum: int = 1) -> int:
+        """An integer field ``>= minimum`` (missing fields without a default are recorded)."""
+        value = self._get(name, default)
+        if value is None or value is _MISSING:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            self.invalid.append(f"{name}={value!r} (expected an integer >= {minimum})")
+            return 0
+        return value
+
+    def float(self, name: str, default: Any = _MISSING) -> float:
+        """A positive number field."""
+        value = self._get(name, default)
+        if value is None or value is _MISSING:
+            return 0.0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            self.invalid.append(f"{name}={value!r} (expected a positive number)")
+            return 0.0
+        return float(value)
+
+    def value(self, name: str, default: Any = None) -> Any:
+        """Any field, ``default`` when absent (never recorded as missing)."""
+        return self.data.get(name, default)
+
+    def expect(self, name: str, allowed: tuple[Any, ...], why: str) -> None:
+        """Record an invalid field unless it is absent or one of ``allowed``."""
+        value = self.data.get(name, allowed[0])
+        if value not in allowed:
+            self.invalid.append(f"{name}={value!r} ({why})")
+
+    def check(self) -> None:
+        """Raise one error naming every missing and invalid field seen so far."""
+        problems = []
+        if self.missing:
+            problems.append("missing field(s) " + ", ".join(self.missing))
+        if self.invalid:
+            problems.append("unsupported value(s) " + "; ".join(self.invalid))
+        if problems:
+            hint = f"; {self.hint}" if self.hint else ""
+            raise CheckpointError(f"{self.where}: " + "; ".join(problems) + hint)
+
+    def _get(self, name: str, default: Any) -> Any:
+        value = self.data.get(name, default)
+        if value is _MISSING or (value is None and default is _MISSING):
+            self.missing.append(name)
+            return _MISSING
+        return value
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    """Sizes of a Llama-style decoder, as named in ``config.json``."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_positions: int
+
+
+def read_dims(fields: Fields, *, default_eps: float) -> DecoderDims:
+    """Read the decoder sizes (``num_key_value_heads`` defaults to the heads, ``head_dim`` to hidden/heads)."""
+    hidden = fields.int("hidden_size")
+    heads = fields.int("num_attention_heads")
+    kv_heads = fields.int("num_key_value_heads", heads or None)
+    head_dim = fields.int("head_dim", (hidden // heads) if heads else None)
+    dims = DecoderDims(
+        vocab_size=fields.int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=fields.int("intermediate_size"),
+        num_layers=fields.int("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=fields.float("rms_norm_eps", default_eps),
+        max_positions=fields.int("max_position_embeddings"),
+    )
+    if heads and kv_heads and heads % kv_heads:
+        fields.invalid.append(f"num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}")
+    if head_dim % 2:
+        fields.invalid.append(f"head_dim={head_dim} (rotary embeddings need an even head size)")
+    fields.expect("hidden_act", ("silu",), "only SiLU (SwiGLU) MLPs are supported")
+    fields.expect("attention_bias", (False,), "attention biases are not supported")
+    fields.expect("mlp_bias", (False,), "MLP biases are not supported")
+    window = fields.value("sliding_window")
+    if fields.value("use_sliding_window", window is not None) and window is not None:
+        if not isinstance(window, int) or window < dims.max_positions:
+            fields.invalid.append(f"sliding_window={window!r} (sliding-window attention is not supported)")
+    return dims
+
+
+def rope_parameters(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The RoPE settings, from ``rope_parameters`` or its alias ``rope_scaling``, with top-level fallbacks."""
+    params = data.get("rope_parameters") or data.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        return {"rope_type": params}
+    merged = dict(params)
+    for key in ("rope_theta", "llama_4_scaling_beta", "original_max_position_embeddings"):
+        if key not in merged and key in data:
+            merged[key] = data[key]
+    return merged
+
+
+def read_rope(fields: Fields, max_positions: int) -> RopeSpec:
+    """Read the RoPE settings (types ``default`` and ``yarn``); ``rope_theta`` may be nested or top-level."""
+    params = rope_parameters(fields.data)
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = params.get("rope_theta")
+    if theta is None:
+        fields.missing.append("rope_theta (top level or inside rope_parameters)")
+        theta = 10000.0
+    elif isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 1:
+        fields.invalid.append(f"rope_theta={theta!r} (expected a number > 1)")
+        theta = 10000.0
+    if kind == "default":
+        return RopeSpec(theta=float(theta))
+    if kind != "yarn":
+        fields.invalid.append(f"rope type {kind!r} (supported: 'default', 'yarn')")
+        return RopeSpec(theta=float(theta))
+    original = params.get("original_max_position_embeddings") or max_positions
+    factor = params.get("factor") or (max_positions / original if original else 1.0)
+    return RopeSpec(
+        theta=float(theta),
+        kind="yarn",
+        factor=float(factor),
+        original_max_positions=int(original),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=params.get("mscale"),
+        mscale_all_dim=params.get("mscale_all_dim"),
+        attention_factor=params.get("attention_factor"),
+        truncate=bool(params.get("truncate", True)),
+    )
+
+
+def token_ids(value: Any) -> tuple[int, ...]:
+    """Token ids from a config value that may be ``None``, an int or a list of ints."""
+    if value is None:
+        return ()
+    items = value if isinstance(value, (list, tuple)) else [value]
+    ids = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise CheckpointError(f"token id {item!r} is not an integer")
+        ids.append(item)
+    return tuple(dict.fromkeys(ids))
+
+
+def check_special_ids(ids: Mapping[str, int | tuple[int, ...] | None], vocab_size: int, where: str) -> None:
+    """Fail when a special token id lies outside the model's vocabulary."""
+    bad = []
+    for name, value in ids.items():
+        for token in token_ids(value):
+            if not 0 <= token < vocab_size:
+                bad.append(f"{name}={token}")
+    if bad:
+        raise CheckpointError(
+            f"{where}: special token id(s) {', '.join(bad)} outside the model vocabulary of {vocab_size}; "
+            "the config and the weights (or tokenizer) do not belong together"
+        )
+
+
+def checkpoint_dtype(data: Mapping[str, Any]) -> str | None:
+    """The dtype a checkpoint was saved in (``torch_dtype`` or ``dtype``), if recorded."""
+    for source in (data, data.get("backbone_config") or {}):
+        if isinstance(source, Mapping):
+            for key in ("torch_dtype", "dtype"):
+                if isinstance(source.get(key), str):
+                    return source[key]
+    return None

@@ -1,0 +1,215 @@
+"""The decoder network both families share, and the :class:`ModelBackend` that evaluates calls with it.
+
+A family contributes a :class:`DecoderConfig` (sizes, RoPE, Qwen3 qk-norm, tied head, Llama-4 query
+scaling), its checkpoint :class:`~specframe.models.state.KeyLayout` and its special tokens; everything else,
+from building the module on the meta device to validating a call's inputs, lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specframe.models.base import ModelBackend, TextTokenizer
+from specframe.models.cache import KVCache
+from specframe.models.calls import Call, check_call
+from specframe.models.checkpoint import Checkpoint
+from specframe.models.config import DecoderDims
+from specframe.models.layers import CallContext, DecoderLayer, RMSNorm, RopeSpec, RotaryEmbedding, llama4_query_scale
+from specframe.models.state import KeyLayout, load_state
+from specframe.models.weights import TensorSource
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """Everything that shapes the network.
+
+    Attributes:
+        dims: Sizes read from ``config.json``.
+        rope: Rotary-embedding settings.
+        qk_norm: Per-head RMSNorm of queries and keys before RoPE (Qwen3).
+        tie_embeddings: The output layer reuses the input embedding.
+        query_scale_beta: Llama-4 query scaling strength (0 disables it).
+        query_scale_length: Positions per Llama-4 scaling step (``original_max_position_embeddings``).
+    """
+
+    dims: DecoderDims
+    rope: RopeSpec
+    qk_norm: bool = False
+    tie_embeddings: bool = False
+    query_scale_beta: float = 0.0
+    query_scale_length: int = 1
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Special token ids of a model.
+
+    Attributes:
+        mask: Id of the mask (diffusion query) token.
+        eos: Ids that end generation.
+        bos: Id prepended to prompts, if the family does so.
+        pad: Padding id, if any.
+    """
+
+    mask: int
+    eos: tuple[int, ...] = ()
+    bos: int | None = None
+    pad: int | None = None
+
+
+class DecoderStack(nn.Module):
+    """Token embedding, transformer blocks and final norm (Llama / Mistral / Qwen3 naming)."""
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        d = config.dims
+        self.embed_tokens = nn.Embedding(d.vocab_size, d.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(
+                d.hidden_size,
+                d.intermediate_size,
+                d.num_heads,
+                d.num_kv_heads,
+                d.head_dim,
+                d.rms_norm_eps,
+                config.qk_norm,
+            )
+            for _ in range(d.num_layers)
+        )
+        self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, ctx: CallContext, output_rows: torch.Tensor | None) -> torch.Tensor:
+        """Normalised final hidden states of ``output_rows`` (all rows when ``None``)."""
+        x = self.embed_tokens(input_ids)
+        for index, layer in enumerate(self.layers):
+            x = layer(x, ctx, index)
+        if output_rows is not None:
+            x = x.index_select(0, output_rows)
+        return self.norm(x)
+
+
+class DecoderNetwork(nn.Module):
+    """The decoder stack plus its output layer (``head``; absent when tied to the embedding)."""
+
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.body = DecoderStack(config)
+        d = config.dims
+        self.head = None if config.tie_embeddings else nn.Linear(d.hidden_size, d.vocab_size, bias=False)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Output-layer logits of final hidden states."""
+        weight = self.body.embed_tokens.weight if self.head is None else self.head.weight
+        return F.linear(hidden, weight)
+
+
+def build_network(
+    config: DecoderConfig, source: TensorSource, layout: KeyLayout, checkpoint: Checkpoint
+) -> DecoderNetwork:
+    """Build the network on the meta device and fill it from ``source`` (allocating each weight once)."""
+    with torch.device("meta"):
+        network = DecoderNetwork(config)
+    load_state(network, source, layout, device=checkpoint.device, dtype=checkpoint.dtype, where=checkpoint.where)
+    return network.eval()
+
+
+class DecoderBackend(ModelBackend):
+    """A :class:`ModelBackend` over a :class:`DecoderNetwork`.
+
+    Families subclass it to set :attr:`family` and, where needed, adjust logits (:meth:`finish_logits`).
+
+    Args:
+        network: The loaded network.
+        special: Special token ids.
+        tokenizer: The checkpoint's tokenizer, if any.
+        checkpoint: Where the model came from, and the device and dtype its weights were loaded to.
+
+    Attributes:
+        check_inputs: Validate token and position ids on every call (one host sync per call); benchmarks
+            that trust their mask builder may turn it off.
+        pad_token_id: Padding id, if the checkpoint names one.
+    """
+
+    def __init__(
+        self,
+        network: DecoderNetwork,
+        special: SpecialTokens,
+        tokenizer: TextTokenizer | None,
+        checkpoint: Checkpoint,
+    ) -> None:
+        d = network.config.dims
+        self.network = network
+        self.config = network.config
+        self.name = checkpoint.name
+        self.vocab_size = d.vocab_size
+        self.mask_token_id = special.mask
+        self.eos_token_ids = special.eos
+        self.bos_token_id = special.bos
+        self.pad_token_id = special.pad
+        self.max_positions = d.max_positions - 1
+        self.num_layers = d.num_layers
+        self.num_kv_heads = d.num_kv_heads
+        self.head_dim = d.head_dim
+        self.tokenizer = tokenizer
+        self.has_adapter = False
+        self.device = checkpoint.device
+        self.dtype = checkpoint.dtype
+        self.check_inputs = True
+        self.rotary = RotaryEmbedding(network.config.rope, d.head_dim, self.device, self.dtype)
+
+    @torch.no_grad()
+    def forward(
+        self,
+        cache: KVCache,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention: torch.Tensor,
+        output_rows: torch.Tensor | None = None,
+        adapter_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Evaluate new rows against the cache and stage their keys and values in it.
+
+        See :meth:`ModelBackend.forward`. Logits are returned in float32 for half-precision models and in
+        the model's dtype otherwise.
+
+        Raises:
+            InputError: If shapes disagree, a token id is outside the vocabulary, a position id is beyond
+                the model's context, or the cache does not belong to this model.
+        """
+        check_call(
+            self,
+            Call(cache, input_ids, position_ids, attention, output_rows, adapter_rows),
+            values=self.check_inputs,
+        )
+        rows = input_ids.shape[0]
+        cache.reserve(rows)
+        cos, sin = self.rotary(position_ids)
+        cached = torch.ones(rows, cache.length, dtype=torch.bool, device=attention.device)
+        ctx = CallContext(
+            cache=cache,
+            cos=cos,
+            sin=sin,
+            mask=torch.cat([cached, attention], dim=1),
+            query_scale=self._query_scale(position_ids),
+            adapter_rows=adapter_rows if self.has_adapter else None,
+        )
+        hidden = self.network.body(input_ids, ctx, output_rows)
+        logits = self.network.logits(hidden)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        return self.finish_logits(logits)
+
+    def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Family-specific adjustment of returned logits (identity by default)."""
+        return logits
+
+    def _query_scale(self, position_ids: torch.Tensor) -> torch.Tensor | None:
+        beta = self.config.query_scale_beta
+        if not beta:
+            return None
+        return llama4_query_scale(position_ids, beta, self.config.query_scale_length, self.dtype)

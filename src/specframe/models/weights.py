@@ -1,0 +1,180 @@
+"""Finding and reading the weight files of a checkpoint folder, one tensor at a time.
+
+Supported layouts (``stem`` is ``model`` for models and ``adapter_model`` for PEFT adapters):
+
+* ``{stem}.safetensors``, or shards listed in ``{stem}.safetensors.index.json``;
+* ``pytorch_model.bin`` / ``adapter_model.bin``, or shards listed in ``pytorch_model.bin.index.json``,
+  read with ``torch.load(weights_only=True)`` (memory-mapped where the file format allows).
+
+Safetensors take precedence when both are present. Tensors are read lazily so that a loader can convert
+each one to its final device and dtype before reading the next: a model is never held twice in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from specframe.errors import CheckpointError
+
+_CORRUPT_HINT = (
+    "it is probably truncated or corrupted: delete it (for a Hub download, the cached snapshot in the "
+    "Hugging Face cache) and download it again"
+)
+
+
+class TensorSource:
+    """Names, shapes and lazily loaded tensors of a checkpoint's weight files.
+
+    Use :func:`open_weights` to build one. Close it (or use it as a context manager) to release file handles.
+    """
+
+    def __init__(self, description: str) -> None:
+        self.description = description
+        self._shapes: dict[str, tuple[int, ...]] = {}
+        self._files: dict[str, object] = {}
+        self._stack = ExitStack()
+
+    def names(self) -> list[str]:
+        """Every tensor name, in file order."""
+        return list(self._shapes)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Shape of tensor ``name`` (read from the file header, without loading the data)."""
+        return self._shapes[name]
+
+    def load(self, name: str) -> torch.Tensor:
+        """Read tensor ``name`` onto the CPU.
+
+        Raises:
+            CheckpointError: If the data cannot be read.
+        """
+        handle = self._files[name]
+        if isinstance(handle, dict):
+            return handle[name]
+        try:
+            return handle.get_tensor(name)  # type: ignore[attr-defined]
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise CheckpointError(
+                f"cannot read tensor {name!r} from {self.description} ({exc}); {_CORRUPT_HINT}"
+            ) from exc
+
+    def close(self) -> None:
+        """Release open files."""
+        self._stack.close()
+        self._files.clear()
+
+    def __enter__(self) -> TensorSource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _add(self, name: str, shape: tuple[int, ...], handle: object, path: Path) -> None:
+        if name in self._shapes:
+            raise CheckpointError(f"tensor {name!r} appears twice in {self.description} (again in {path.name})")
+        self._shapes[name] = shape
+        self._files[name] = handle
+
+
+def weight_files(folder: Path, stem: str = "model") -> tuple[str, list[Path]] | None:
+    """The format (``"safetensors"`` or ``"bin"``) and files of the weights in ``folder``, or ``None``.
+
+    Raises:
+        CheckpointError: If an index file is unreadable or names shards that are missing.
+    """
+    bin_stem = "pytorch_model" if stem == "model" else stem
+    for fmt, single, index in (
+        ("safetensors", f"{stem}.safetensors", f"{stem}.safetensors.index.json"),
+        ("bin", f"{bin_stem}.bin", f"{bin_stem}.bin.index.json"),
+    ):
+        if (folder / index).is_file():
+            return fmt, _shards(folder / index)
+        if (folder / single).is_file():
+            return fmt, [folder / single]
+    return None
+
+
+def _shards(index_path: Path) -> list[Path]:
+    try:
+        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+        names = list(dict.fromkeys(weight_map.values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(
+            f"weight index {index_path} is unreadable ({exc}); it must be JSON with a 'weight_map' object"
+        ) from exc
+    files = [index_path.parent / name for name in names]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(
+            f"weight index {index_path} names shard(s) {', '.join(missing)} that are not in {index_path.parent}; "
+            "the download is incomplete: download the missing files again"
+        )
+    return files
+
+
+def open_weights(folder: Path, stem: str = "model") -> TensorSource:
+    """Open the weight files of ``folder`` for reading.
+
+    Args:
+        folder: Checkpoint folder.
+        stem: ``"model"`` for model weights, ``"adapter_model"`` for a PEFT adapter.
+
+    Raises:
+        CheckpointError: If no weight file is found or a file is unreadable (truncated, corrupted).
+    """
+    found = weight_files(folder, stem)
+    if found is None:
+        bin_stem = "pytorch_model" if stem == "model" else stem
+        raise CheckpointError(
+            f"no weights in {folder}: expected {stem}.safetensors, {stem}.safetensors.index.json, "
+            f"{bin_stem}.bin or {bin_stem}.bin.index.json"
+        )
+    fmt, files = found
+    where = str(files[0]) if len(files) == 1 else f"{len(files)} shards in {folder}"
+    source = TensorSource(where)
+    try:
+        for path in files:
+            _open_file(source, path, fmt)
+    except BaseException:
+        source.close()
+        raise
+    return source
+
+
+def _open_file(source: TensorSource, path: Path, fmt: str) -> None:
+    if fmt == "safetensors":
+        try:
+            handle = source._stack.enter_context(safe_open(str(path), framework="pt"))
+            entries: Iterable[tuple[str, tuple[int, ...]]] = [
+                (name, tuple(handle.get_slice(name).get_shape())) for name in handle.keys()
+            ]
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{path} is not a readable safetensors file ({exc}); {_CORRUPT_HINT}") from exc
+    else:
+        handle = _torch_load(path)
+        entries = [(name, tuple(t.shape)) for name, t in handle.items()]
+    for name, shape in entries:
+        source._add(name, shape, handle, path)
+
+
+def _torch_load(path: Path) -> dict[str, torch.Tensor]:
+    errors = []
+    for mmap in (True, False):  # memory-map where the (zip) format allows, else read it whole
+        try:
+            state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+            break
+        except Exception as exc:  # torch raises several types for unreadable pickles and zips
+            errors.append(exc)
+    else:
+        raise CheckpointError(f"{path} is not a readable PyTorch weight file ({errors[-1]}); {_CORRUPT_HINT}")
+    if not isinstance(state, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
+    ):
+        raise CheckpointError(f"{path} does not hold a flat dict of named tensors (a state dict)")
+    return state
