@@ -1,0 +1,16 @@
+"""The model zoo: shared layers, the Nemotron-Labs-Diffusion and SetDLM families, and checkpoint loading.
+
+Load a model with :func:`load_model`; every family implements :class:`ModelBackend`::
+
+    from specframe.models import load_model
+
+    model = load_model("nvidia/Nemotron-Labs-Diffusion-8B", device="cuda")
+    cache = model.new_cache(4096)
+    logits = model.forward(cache, input_ids, position_ids, attention)
+"""
+
+from specframe.models.base import ModelBackend, TextTokenizer
+from specframe.models.cache import KVCache
+from specframe.models.loader import load_model
+
+__all__ = ["KVCache", "ModelBackend", "TextTokenizer", "load_model"]

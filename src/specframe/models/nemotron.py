@@ -1,0 +1,112 @@
+"""Nemotron-Labs-Diffusion: a Ministral-3 decoder with an untied ``diffusion_head`` serving both modes.
+
+AR (causal) rows predict the token after their position; MASK rows under a bidirectional mask predict the
+token at their own position. The architecture is plain Ministral-3: pre-norm RMSNorm, grouped-query
+attention without biases or qk-norm, YaRN RoPE, Llama-4 query scaling after RoPE, SwiGLU MLP. An optional
+proposal-only LoRA on ``o_proj`` (subfolder ``linear_spec_lora/``) applies to drafting rows only.
+
+Checkpoint keys: ``encoder.embed_tokens.weight``, ``encoder.layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
+``encoder.layers.{i}.mlp.{gate,up,down}_proj.weight``, ``encoder.layers.{i}.{input,post_attention}_layernorm
+.weight``, ``encoder.norm.weight``, ``diffusion_head.weight``. Special ids always come from config.json.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specframe.hookspecs import Register, hookimpl
+from specframe.models.checkpoint import locate_checkpoint
+from specframe.models.config import (
+    Fields,
+    check_special_ids,
+    read_dims,
+    read_rope,
+    rope_parameters,
+    token_ids,
+)
+from specframe.models.hub import ADAPTER_FOLDER
+from specframe.models.lora import attach_lora
+from specframe.models.state import KeyLayout
+from specframe.models.tokenizer import load_tokenizer
+from specframe.models.transformer import DecoderBackend, DecoderConfig, SpecialTokens, build_network
+from specframe.models.weights import open_weights
+
+FAMILY = "nemotron-labs-diffusion"
+MODEL_TYPES = ("nemotron_labs_diffusion",)
+LAYOUT = KeyLayout(renames=(("encoder.", "body."), ("diffusion_head.", "head.")))
+
+
+class NemotronLabsDiffusion(DecoderBackend):
+    """A loaded Nemotron-Labs-Diffusion model (see the module docstring)."""
+
+    family = FAMILY
+
+
+def parse_config(raw: dict[str, Any], where: str) -> tuple[DecoderConfig, SpecialTokens]:
+    """Network settings and special ids from a Nemotron-Labs-Diffusion ``config.json``.
+
+    Raises:
+        CheckpointError: Naming every missing or unsupported field.
+    """
+    fields = Fields(raw, where, "use the config.json published with the checkpoint")
+    dims = read_dims(fields, default_eps=1e-5)
+    rope = read_rope(fields, dims.max_positions)
+    fields.expect("tie_word_embeddings", (False,), "Nemotron-Labs-Diffusion has an untied diffusion_head")
+    mask = fields.int("mask_token_id", minimum=0)
+    params = rope_parameters(raw)
+    beta = params.get("llama_4_scaling_beta") or 0.0
+    fields.check()
+    eos = token_ids(raw.get("eos_token_id"))
+    bos, pad = raw.get("bos_token_id"), raw.get("pad_token_id")
+    check_special_ids({"mask_token_id": mask, "eos_token_id": eos, "bos_token_id": bos}, dims.vocab_size, where)
+    config = DecoderConfig(
+        dims=dims,
+        rope=rope,
+        query_scale_beta=float(beta),
+        query_scale_length=int(params.get("original_max_position_embeddings") or dims.max_positions),
+    )
+    return config, SpecialTokens(mask=mask, eos=eos, bos=bos, pad=pad)
+
+
+def load(
+    source: str | os.PathLike[str] | None,
+    *,
+    device: str | torch.device | None = "cpu",
+    dtype: str | torch.dtype | None = None,
+    revision: str | None = None,
+    adapter: bool | str | os.PathLike[str] = False,
+) -> NemotronLabsDiffusion:
+    """Load a Nemotron-Labs-Diffusion checkpoint.
+
+    Args:
+        source: Local folder or Hub repo id (``None``: the bundled default model).
+        device: Where to put the weights.
+        dtype: Weight dtype (default: float32 on CPU, the checkpoint's dtype on accelerators).
+        revision: Hub revision.
+        adapter: Load the proposal-only LoRA: ``True`` for ``linear_spec_lora/``, or an adapter folder.
+
+    Raises:
+        CheckpointError: If the checkpoint is missing, malformed or inconsistent.
+        ConfigError: If the device or dtype is unavailable.
+    """
+    ckpt = locate_checkpoint(source, device=device, dtype=dtype, revision=revision, adapter=adapter is True)
+    config, special = parse_config(ckpt.config, str(ckpt.folder / "config.json"))
+    tokenizer = load_tokenizer(ckpt.folder, config.dims.vocab_size)
+    with open_weights(ckpt.folder) as tensors:
+        network = build_network(config, tensors, LAYOUT, ckpt)
+    model = NemotronLabsDiffusion(network, special, tokenizer, ckpt)
+    if adapter is not False:
+        folder = ckpt.folder / ADAPTER_FOLDER if adapter is True else Path(adapter)
+        attach_lora(network, folder, module_prefix="encoder", device=ckpt.device, dtype=ckpt.dtype)
+        model.has_adapter = True
+    return model
+
+
+@hookimpl
+def register_model_backends(register: Register) -> None:
+    """Register the Nemotron-Labs-Diffusion family."""
+    register(FAMILY, load, model_types=list(MODEL_TYPES))
