@@ -1,0 +1,35 @@
+"""Shared fixtures: small random checkpoints of both families, written once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from specframe.models import load_model
+from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
+
+
+@pytest.fixture(scope="session")
+def nemotron_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_checkpoint(NEMOTRON, tmp_path_factory.mktemp("nemotron"), seed=1, lora_rank=4)
+
+
+@pytest.fixture(scope="session")
+def setdlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_random_checkpoint(SETDLM, tmp_path_factory.mktemp("setdlm"), seed=2)
+
+
+@pytest.fixture(scope="session")
+def nemotron64(nemotron_dir: Path):
+    return load_model(nemotron_dir, dtype="float64")
+
+
+@pytest.fixture(scope="session")
+def setdlm64(setdlm_dir: Path):
+    return load_model(setdlm_dir, dtype="float64")
+
+
+@pytest.fixture(params=["nemotron", "setdlm"])
+def model64(request: pytest.FixtureRequest):
+    return request.getfixturevalue(f"{request.param}64")
