@@ -193,10 +193,10 @@ def test_malformed_calls(nemotron64, setdlm64):
         run(nemotron64, cache, [5, 6], [0, 1], causal(2), output_rows=torch.tensor([2]))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_unavailable_device(nemotron_dir):
-    with pytest.raises(ConfigError, match="'cuda' is unavailable"):
-        load_model(nemotron_dir, device="cuda")
+    device = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    with pytest.raises(ConfigError, match=f"'{device}' is unavailable"):
+        load_model(nemotron_dir, device=device)
 
 
 def test_invalid_device(nemotron_dir):

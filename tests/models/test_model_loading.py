@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import shutil
 from pathlib import Path
 
@@ -158,3 +159,11 @@ def test_default_model_is_bundled_or_clearly_missing():
             load_model()
     else:
         assert (folder / "config.json").is_file()
+
+
+def test_script_writes_loadable_checkpoints(tmp_path):
+    script = Path(__file__).parents[2] / "scripts" / "make_random_checkpoints.py"
+    namespace = runpy.run_path(str(script))
+    namespace["main"]([str(tmp_path), "--lora-rank", "2", "--shards", "2", "--set", "num_hidden_layers=3"])
+    assert load_model(tmp_path / NEMOTRON, adapter=True).num_layers == 3
+    assert load_model(tmp_path / SETDLM).num_layers == 3

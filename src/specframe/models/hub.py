@@ -94,7 +94,10 @@ def resolve_source(
     if isinstance(source, Path) or not _REPO_ID.match(text):
         raise CheckpointError(f"checkpoint folder {text!r} does not exist (and it is not a Hub repo id)")
     patterns = list(MODEL_PATTERNS) + (list(ADAPTER_PATTERNS) if adapter else [])
-    return download(text, revision=revision, patterns=patterns)
+    try:
+        return download(text, revision=revision, patterns=patterns)
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc} (no local folder {text!r} exists either)") from exc.__cause__
 
 
 def download(repo_id: str, *, revision: str | None, patterns: list[str], filename: str | None = None) -> Path:
