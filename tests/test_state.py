@@ -45,17 +45,21 @@ def test_eos_ends_output_and_drops_later_tokens():
     assert 5 not in state.tokens
 
 
-def test_eos_accepted_late_prunes_earlier_accepted_later_positions():
+def test_eos_accepted_late_prunes_later_positions_and_recomputes_what_saw_them():
     state = _state()
-    state.accept([(6, 1), (7, 2)])
-    state.mark_cached([0, 1, 2, 6, 7])
-    state.accept([(4, EOS)])
-    assert state.end == 4
-    assert 6 not in state.tokens and 7 not in state.tokens
-    assert state.pruned_cached == {6, 7}  # the decoder removes them from the KV cache
+    state.accept([(7, 2)])
+    state.mark_cached([0, 1, 2, 7])
+    state.accept([(4, 3)])
+    state.mark_cached([4])
+    state.accept([(6, EOS)])
+    assert state.end == 6 and 7 not in state.tokens
+    # 4 was cached with 7 in its context: the decoder drops both rows and 4 is pending again
+    assert state.stale_cached == {7, 4}
+    assert state.pending == ((4, 3), (6, EOS))
+    assert state.generation_order() == [0, 1, 2, 4, 6]
     assert not state.done
-    state.accept([(3, 1)])
-    assert state.done and state.output_ids() == [1, EOS]
+    state.accept([(3, 1), (5, 1)])
+    assert state.done and state.output_ids() == [1, 3, 1, EOS]
 
 
 def test_stop_sequence_is_recognised_only_when_all_its_tokens_are_accepted():

@@ -200,9 +200,9 @@ class Decoder:
                 positions.append(position)
         cache.commit(rows, positions)
         state.mark_cached(positions)
-        if state.pruned_cached:
-            cache.drop_positions(state.pruned_cached)
-            state.pruned_cached = set()
+        if state.stale_cached:  # an EOS accepted out of order: forget rows that saw dropped tokens
+            cache.drop_positions(state.stale_cached)
+            state.stale_cached = set()
 
     def _context(self, seed: int | None) -> DecodeContext:
         generator = None

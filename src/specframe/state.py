@@ -87,10 +87,11 @@ class DecodeState:
         self.prompt = tuple(int(t) for t in self.prompt)
         self.start = len(self.prompt)
         self.end = self.start + self.max_new_tokens - 1
-        self._pending: list[int] = list(range(self.start))
+        self._generation: list[int] = list(range(self.start))  # accepted positions, in acceptance order
         self._cached: set[int] = set()
+        self._cached_prefix = 0  # entries of _generation known to be cached, from the front
         self._frontier = self.start
-        self.pruned_cached: set[int] = set()
+        self.stale_cached: set[int] = set()
 
     # -- reading -----------------------------------------------------------------------------------------
     def token_at(self, position: int) -> int:
@@ -104,7 +105,14 @@ class DecodeState:
     @property
     def pending(self) -> tuple[tuple[int, int], ...]:
         """Accepted ``(position, token)`` pairs not yet in the KV cache, in generation order."""
-        return tuple((p, self.token_at(p)) for p in self._pending)
+        generation = self._generation
+        while self._cached_prefix < len(generation) and generation[self._cached_prefix] in self._cached:
+            self._cached_prefix += 1
+        return tuple((p, self.token_at(p)) for p in generation[self._cached_prefix :] if p not in self._cached)
+
+    def generation_order(self) -> list[int]:
+        """Every accepted position (prompt included) in the order it was accepted."""
+        return list(self._generation)
 
     def leftmost_unresolved(self) -> int | None:
         """The first output position without an accepted token, or ``None`` when generation is complete."""
@@ -167,7 +175,7 @@ class DecodeState:
             if self.is_resolved(position):
                 raise RuntimeError(f"position {position} is already resolved; a schedule accepted it twice")
             self.tokens[position] = int(token)
-            self._pending.append(position)
+            self._generation.append(position)
             new.append(position)
             if token in self.ctx.eos_token_ids:
                 self.end = min(self.end, position)
@@ -180,13 +188,7 @@ class DecodeState:
 
     def mark_cached(self, positions: Iterable[int]) -> None:
         """Record that ``positions`` now have their keys and values in the KV cache."""
-        cached = set(positions)
-        self._cached |= cached
-        self._pending = [p for p in self._pending if p not in cached]
-
-    def forget_cached(self, positions: Iterable[int]) -> None:
-        """Record that ``positions`` were removed from the KV cache."""
-        self._cached -= set(positions)
+        self._cached |= set(positions)
 
     def set_drafts(self, drafts: dict[int, DraftRef], scores: dict[int, float]) -> None:
         """Replace the stored draft with new draft tokens (kept only at unresolved positions <= end)."""
@@ -215,8 +217,14 @@ class DecodeState:
         for position in beyond:
             del self.tokens[position]
         dropped = set(beyond)
-        self._pending = [p for p in self._pending if p not in dropped]
-        self.pruned_cached |= dropped & self._cached
-        self._cached -= dropped
+        # Tokens accepted after a dropped one were cached with it in their context: their keys and values
+        # must be recomputed without it (they become pending again), so that the verifier conditions on the
+        # restricted prefix exactly (Algorithm 3, line 12).
+        first = min(i for i, p in enumerate(self._generation) if p in dropped)
+        stale = {p for p in self._generation[first:] if p in self._cached}
+        self.stale_cached |= stale
+        self._cached -= stale
+        self._cached_prefix = min(self._cached_prefix, first)
+        self._generation = [p for p in self._generation if p not in dropped]
         self.drafts = {p: d for p, d in self.drafts.items() if p <= self.end}
         self.scores = {p: s for p, s in self.scores.items() if p <= self.end}

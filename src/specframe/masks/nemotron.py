@@ -85,7 +85,9 @@ class NemotronMaskBuilder(MaskBuilder):
         }
         draft_rows = []
         for group in plan.drafts:
-            if packed and len(plan.pending) == 1:
+            if not group.targets:
+                draft_rows.append([])
+            elif packed and len(plan.pending) == 1:
                 seed_position, seed_token = plan.pending[0]
                 block = table.add(
                     [seed_token] + [mask_id] * (group.targets[-1] - seed_position),

@@ -123,20 +123,30 @@ def verify_planned_chain(state: DecodeState, plan: CallPlan, result: CallResult)
 
 
 def store_drafts(
-    state: DecodeState, targets: tuple[int, ...], proposals: Proposals, *, keep_scores: bool = False
+    state: DecodeState, targets: tuple[int, ...], proposals: Proposals | None, *, keep_scores: bool = False
 ) -> None:
     """Make ``proposals`` (one per target, in order) the state's draft, at targets still unresolved.
 
     Args:
         state: The decoding state.
         targets: Positions the proposals are for.
-        proposals: The drafter's proposals.
+        proposals: The drafter's proposals (``None`` when there are no targets).
         keep_scores: Keep the state's existing confidence scores instead of the proposals' (Linear-SS
             orders by the verifier's confidence, not the drafter's).
     """
+    if not targets:
+        state.set_drafts({}, state.scores if keep_scores else {})
+        return
     drafts = {p: DraftRef(proposals, i) for i, p in enumerate(targets)}
     scores = state.scores if keep_scores else dict(zip(targets, proposals.scores.tolist(), strict=True))
     state.set_drafts(drafts, scores)
+
+
+def propose(state: DecodeState, logits) -> Proposals | None:
+    """Draft tokens from drafter logits with the request's acceptance rule (``None`` for no targets)."""
+    if logits.shape[0] == 0:
+        return None
+    return state.ctx.rule.propose(logits, state.ctx.generator)
 
 
 def window_plan(

@@ -13,6 +13,7 @@ from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.schedules.base import (
     Schedule,
+    propose,
     store_drafts,
     verification_window,
     verify_planned_chain,
@@ -42,9 +43,8 @@ class LinearSchedule(Schedule):
 
     def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
         """Store a fresh draft, or verify one and remember the verifier's confidence per position."""
-        ctx = state.ctx
         if plan.num_verify == 0:
-            proposals = ctx.rule.propose(result.draft_logits[0], ctx.generator)
+            proposals = propose(state, result.draft_logits[0])
             store_drafts(state, plan.drafts[0].targets, proposals, keep_scores=True)
             return
         verdict = verify_planned_chain(state, plan, result)

@@ -16,6 +16,7 @@ from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.schedules.base import (
     Schedule,
+    propose,
     store_drafts,
     verification_window,
     verify_planned_chain,
@@ -42,7 +43,7 @@ class PackedSchedule(Schedule):
     def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
         """Verify against the stored proposals, then keep the fresh proposals at unresolved positions."""
         verify_planned_chain(state, plan, result)
-        proposals = state.ctx.rule.propose(result.draft_logits[0], state.ctx.generator)
+        proposals = propose(state, result.draft_logits[0])
         store_drafts(state, plan.drafts[0].targets, proposals)
 
 

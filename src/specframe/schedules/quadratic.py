@@ -12,6 +12,7 @@ from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.schedules.base import (
     Schedule,
+    propose,
     store_drafts,
     verification_window,
     verify_planned_chain,
@@ -41,7 +42,7 @@ class QuadraticSchedule(Schedule):
         verdict = verify_planned_chain(state, plan, result)
         outcome = verdict.accepted + (1 if verdict.token is not None else 0)
         branch = outcome - 1
-        proposals = state.ctx.rule.propose(result.draft_logits[branch], state.ctx.generator)
+        proposals = propose(state, result.draft_logits[branch])
         store_drafts(state, plan.drafts[branch].targets, proposals)
 
 

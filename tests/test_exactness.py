@@ -1,0 +1,159 @@
+"""Greedy exactness: every speculative schedule reproduces plain AR greedy decoding token for token.
+
+Property-based over both families, all speculative schedules, widths, prompts, output limits, EOS and
+multi-token stop sequences, in float64 on the CPU. Plain AR is itself checked against a full recomputation
+without any cache, and any-order (confidence) verification against the serial reference of Proposition C.1.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, conditional_logits, eos_ids, generate, tiny_model
+from specframe import compose
+from specframe.errors import ConfigError
+from specframe.schedules.base import Schedule
+
+VOCAB = 24
+EOS = VOCAB - 2
+SPECULATIVE = ("linear", "quadratic", "packed")
+
+
+def slow_ok(examples: int) -> settings:
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+    )
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exact")
+    return {family: tiny_model(family, root / family, vocab=VOCAB, seed=1) for family in FAMILIES}
+
+
+prompts = st.lists(st.integers(0, EOS - 1), min_size=1, max_size=8)
+
+
+@slow_ok(160)
+@given(
+    family=st.sampled_from(FAMILIES),
+    schedule=st.sampled_from(SPECULATIVE),
+    width=st.integers(1, 6),
+    prompt=prompts,
+    length=st.integers(1, 18),
+    use_eos=st.booleans(),
+    use_stop=st.booleans(),
+)
+def test_greedy_speculative_schedules_reproduce_ar(models, family, schedule, width, prompt, length, use_eos, use_stop):
+    model = models[family]
+    with eos_ids(model, (EOS,) if use_eos else ()):
+        reference = generate(model, "ar", prompt, length)
+        stop = ()
+        if use_stop and len(reference.output_ids) >= 4:
+            stop = (tuple(reference.output_ids[2:4]),)  # a two-token marker that does occur
+            reference = generate(model, "ar", prompt, length, stop=stop)
+        result = generate(model, schedule, prompt, length, width=width, stop=stop)
+    assert result.output_ids == reference.output_ids
+    assert result.stop_reason == reference.stop_reason
+    assert result.metrics.generated_tokens == len(result.output_ids)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ar_equals_greedy_full_recomputation_without_cache(models, family):
+    model = models[family]
+    prompt = [3, 9, 4, 17, 2]
+    with eos_ids(model, ()):
+        output = generate(model, "ar", prompt, 24).output_ids
+    context = list(enumerate(prompt))
+    for token in output:
+        position = len(context)
+        assert int(conditional_logits(model, context, position).argmax()) == token
+        context.append((position, token))
+
+
+class Recorder(Schedule):
+    """Wraps a schedule and records, per call, the context and the tokens it accepted (in order)."""
+
+    def __init__(self, inner: Schedule) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.calls: list[tuple[list[tuple[int, int]], list[tuple[int, int]]]] = []
+
+    def plan(self, state):
+        return self.inner.plan(state)
+
+    def update(self, state, plan, result):
+        context = [(p, state.token_at(p)) for p in state.generation_order()]
+        accepted: list[tuple[int, int]] = []
+        accept = state.accept
+
+        def recording_accept(pairs):  # before EOS / stop pruning, as the serial reference generates them
+            accepted.extend((p, t) for p, t in pairs if p <= state.end)
+            return accept(pairs)
+
+        state.accept = recording_accept
+        try:
+            self.inner.update(state, plan, result)
+        finally:
+            del state.accept
+        self.calls.append((context, accepted))
+
+
+@slow_ok(60)
+@given(
+    schedule=st.sampled_from(("ar", *SPECULATIVE)),
+    order=st.sampled_from(("confidence", "ltr")),
+    width=st.integers(1, 6),
+    prompt=prompts,
+    length=st.integers(1, 16),
+    use_eos=st.booleans(),
+)
+def test_any_order_verification_matches_the_serial_reference(models, schedule, order, width, prompt, length, use_eos):
+    """Proposition C.1: each accepted token is the greedy any-order conditional given the call's prefix and
+    the tokens accepted before it in the same call; the output is what that serial reference produces."""
+    model = models[SETDLM]
+    with eos_ids(model, (EOS,) if use_eos else ()):
+        decoder = compose(
+            {"model": model, "schedule": schedule, "order": order, "width": width, "max_new_tokens": length}
+        )
+        recorder = Recorder(decoder.schedule)
+        decoder.schedule = recorder
+        result = decoder.generate(prompt_ids=prompt)
+    for context, accepted in recorder.calls:
+        group: list[tuple[int, int]] = []
+        for position, token in accepted:
+            logits = conditional_logits(model, context + group, position)
+            assert int(logits.argmax()) == token, (context, group, position)
+            group.append((position, token))
+    assert len(result.output_ids) == sum(1 for _ in result.output_ids)
+
+
+def test_left_to_right_only_family_refuses_other_orders(models):
+    with pytest.raises(ConfigError, match="left to right only"):
+        compose({"model": models[NEMOTRON], "schedule": "packed", "order": "confidence"})
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("schedule", SPECULATIVE)
+def test_the_exactness_tests_see_accepted_drafts(models, family, schedule):
+    """The properties above are only meaningful if drafts do get accepted, sometimes several in a row."""
+    accepted = []
+    with eos_ids(models[family], ()):
+        for seed in range(12):
+            prompt = [(seed * 7 + i * 5) % EOS for i in range(1 + seed % 6)]
+            accepted += [v.accepted for v in generate(models[family], schedule, prompt, 16).metrics.verifications]
+    assert max(accepted) >= 2
+    assert sum(1 for a in accepted if a) >= 3
+
+
+def test_edge_cases_one_token_prompt_and_limit_below_width(models):
+    for family in FAMILIES:
+        with eos_ids(models[family], ()):
+            reference = generate(models[family], "ar", [5], 3).output_ids
+            for schedule in SPECULATIVE:
+                assert generate(models[family], schedule, [5], 3, width=8).output_ids == reference
+                assert generate(models[family], schedule, [5], 1, width=8).output_ids == reference[:1]
