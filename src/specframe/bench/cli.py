@@ -1,0 +1,154 @@
+r"""``specframe bench``: compare schedules on a task; ``specframe bench merge``: combine shards.
+
+Examples::
+
+    specframe bench --task smoke --out runs/smoke
+    specframe bench --model nvidia/Nemotron-Labs-Diffusion-8B --device cuda --task humaneval \
+        --schedules ar,linear,quadratic,packed --widths 31 --out runs/he
+    specframe bench ... --temperature 1 --paper-repeats --shard 0/4 --out runs/he-0   # one of four shards
+    specframe bench merge runs/he-0 runs/he-1 runs/he-2 runs/he-3 --out runs/he
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from specframe.bench.settings import BenchSettings, parse_shard
+from specframe.bench.tasks import TASKS, get_task
+from specframe.errors import ConfigError
+
+DEFAULT_SCHEDULES = "ar,linear,quadratic,packed"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``bench`` (and its ``merge`` subcommand) to the ``specframe`` command line."""
+    from specframe.cli import add_decoder_options
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="run schedules side by side on a task; paired bootstrap report",
+        description="Run several schedules on the same prompts, interleaved, and report speed, accuracy and "
+        "acceptance with paired 95%% bootstrap intervals against a baseline. `specframe bench merge DIR... "
+        "--out DIR` combines shards.",
+    )
+    add_decoder_options(parser, schedule=False)
+    parser.set_defaults(max_new_tokens=None)  # the task's own cap unless given
+    parser.add_argument("--task", default="smoke", help=f"task: {', '.join(TASKS)} (default smoke)")
+    parser.add_argument("--task-file", help="local JSON/JSONL/Parquet data for --task instead of its default source")
+    parser.add_argument("--schedules", default=DEFAULT_SCHEDULES, help=f"comma-separated (default {DEFAULT_SCHEDULES})")
+    parser.add_argument(
+        "--widths",
+        help="comma-separated speculative widths for the speculative schedules (default: --width); ar runs once",
+    )
+    parser.add_argument("--repeats", type=int, help="responses per prompt and schedule, distinct seeds (default 1)")
+    parser.add_argument(
+        "--paper-repeats",
+        action="store_true",
+        help="at temperature > 0, the paper's repeats: 20 per HumanEval prompt, 7 per MBPP prompt",
+    )
+    parser.add_argument("--out", help="output folder (rerunning with the same folder resumes)")
+    parser.add_argument("--limit", type=int, help="only the first N prompts")
+    parser.add_argument("--baseline", help="schedule (or schedule/wW) to compare against (default linear, else ar)")
+    parser.add_argument("--shard", help="i/n: only prompts with index %% n == i (merge shards afterwards)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per schedule (default 1)")
+    parser.add_argument("--resamples", type=int, default=20_000, help="bootstrap resamples (default 20000)")
+    parser.add_argument("--bootstrap-seed", type=int, default=0, help="seed of the bootstrap draws (default 0)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(handler=run)
+    sub = parser.add_subparsers(dest="bench_command", metavar="{merge}")
+    merge = sub.add_parser("merge", help="combine shard output folders into one report")
+    merge.add_argument("folders", nargs="+", help="shard output folders")
+    merge.add_argument("--out", required=True, help="folder for the merged records and report")
+    merge.set_defaults(handler=run)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> BenchSettings:
+    """The benchmark settings a parsed command line asks for.
+
+    Raises:
+        ConfigError: For malformed lists, conflicting options or values out of range.
+    """
+    from specframe.cli import decoder_config
+
+    if args.temperature == 0:
+        args.temperature = None  # temperature 0 is greedy decoding
+    config = decoder_config(args, schedule="ar")
+    task = get_task(args.task)
+    temperature_positive = config["acceptance"] != "greedy"
+    if args.paper_repeats and args.repeats is not None:
+        raise ConfigError("give --repeats or --paper-repeats, not both")
+    repeats = args.repeats if args.repeats is not None else 1
+    if args.paper_repeats:
+        repeats = task.paper_repeats if temperature_positive else 1
+    widths = _int_list(args.widths, "--widths") if args.widths else [args.width]
+    settings = BenchSettings(
+        task=task.name,
+        task_file=str(Path(args.task_file).expanduser().resolve()) if args.task_file else None,
+        model=args.model,
+        schedules=_name_list(args.schedules),
+        widths=widths,
+        order=args.order,
+        acceptance=config["acceptance"],
+        threshold=args.threshold,
+        max_new_tokens=args.max_new_tokens or task.max_new_tokens,
+        repeats=repeats,
+        seed=args.seed,
+        dtype=args.dtype,
+        revision=args.revision,
+        adapter=args.adapter,
+        stop=list(args.stop),
+        limit=args.limit,
+        shard=parse_shard(args.shard) if args.shard else None,
+        warmup=args.warmup,
+        baseline=args.baseline,
+        device=args.device,
+        resamples=args.resamples,
+        bootstrap_seed=args.bootstrap_seed,
+    )
+    settings.validate()
+    return settings
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``specframe bench`` and ``specframe bench merge``."""
+    if getattr(args, "bench_command", None) == "merge":
+        from specframe.bench.merge import merge_runs
+
+        _, report = merge_runs(args.folders, args.out)
+        print(report)
+        return 0
+    if not args.out:
+        raise ConfigError("--out is required: the folder for records.jsonl, summary.json and the plots")
+    from specframe.bench.runner import run_bench
+
+    settings = settings_from_args(args)
+    _, report = run_bench(settings, args.out, progress=not args.no_progress, command=_command_line())
+    print(report)
+    print(f"\nwrote {Path(args.out) / 'records.jsonl'}, summary.json and plots", file=sys.stderr)
+    return 0
+
+
+def _name_list(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ConfigError(f"expected a comma-separated list of schedule names, got {text!r}")
+    return names
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"{option} must be comma-separated integers like 4,8, got {text!r}") from None
+
+
+def _command_line() -> str:
+    argv = list(sys.argv)
+    if argv and Path(argv[0]).name in ("specframe", "__main__.py", "cli.py"):
+        argv[0] = "specframe"
+    return shlex.join(argv)

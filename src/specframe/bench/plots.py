@@ -1,0 +1,121 @@
+"""Figure-3-style plots: each metric as a ratio to (or difference from) the baseline with 95% interval bars.
+
+One bar group per schedule, one bar per width inside the group; a dashed line marks "same as the baseline"
+(1 for ratios, 0 for differences). Rendered with matplotlib's Agg backend (no display needed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from specframe.bench.summary import COMPARISONS
+
+PANELS: tuple[tuple[str, str], ...] = (
+    ("throughput_ratio", "Throughput ratio"),
+    ("tokens_per_nfe_ratio", "Tokens/NFE ratio"),
+    ("time_per_nfe_ratio", "Time/NFE ratio"),
+    ("wall_diff_s", "Wall-time difference (s)"),
+    ("accuracy_diff_points", "Accuracy difference (points)"),
+)
+
+
+def _groups(summary: Mapping[str, Any], key: str) -> list[tuple[str, list[tuple[str, Mapping[str, Any]]]]]:
+    """``[(schedule, [(bar label, estimate), ...]), ...]`` for one metric, in report order."""
+    by_schedule: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
+    widths = {m["method"]: m.get("width") for m in summary["methods"]}
+    schedules = {m["method"]: m["schedule"] for m in summary["methods"]}
+    for comparison in summary["comparisons"]:
+        estimate = comparison.get(key)
+        if not estimate or estimate.get("estimate") is None:
+            continue
+        method = comparison["method"]
+        width = widths.get(method)
+        label = f"W={width}" if width is not None else method
+        by_schedule.setdefault(schedules.get(method, method), []).append((label, estimate))
+    return list(by_schedule.items())
+
+
+def _draw(ax: Any, summary: Mapping[str, Any], key: str, title: str) -> bool:
+    groups = _groups(summary, key)
+    if not groups:
+        return False
+    colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+    bar_labels = sorted({label for _, bars in groups for label, _ in bars})
+    ticks, tick_labels, x = [], [], 0.0
+    for schedule, bars in groups:
+        start = x
+        for label, est in bars:
+            value, low, high = est["estimate"], est.get("low"), est.get("high")
+            err = None
+            if low is not None and high is not None:
+                err = [[max(value - low, 0.0)], [max(high - value, 0.0)]]
+            ax.bar(
+                x,
+                value,
+                width=0.8,
+                color=colours[bar_labels.index(label) % len(colours)],
+                yerr=err,
+                capsize=3,
+                label=label,
+            )
+            x += 1
+        ticks.append((start + x - 1) / 2)
+        tick_labels.append(schedule)
+        x += 0.6
+    reference = 1.0 if COMPARISONS[key][0] == "ratio" else 0.0
+    ax.axhline(reference, color="black", linestyle="--", linewidth=0.8)
+    if reference == 1.0:
+        ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
+    ax.set_xticks(ticks)
+    ax.set_xticklabels(tick_labels)
+    ax.set_title(title, fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles, strict=True))
+    if len(unique) > 1:
+        ax.legend(unique.values(), unique.keys(), fontsize=7)
+    return True
+
+
+def plot_comparisons(summary: Mapping[str, Any], folder: str | Path, *, title: str = "") -> list[Path]:
+    """Write one PNG per metric (``plots/<metric>.png``) and a combined ``comparison.png``.
+
+    Args:
+        summary: Output of :func:`specframe.bench.summary.summarize`.
+        folder: Output folder.
+        title: Figure title (e.g. model and task).
+
+    Returns:
+        The files written (none when there is nothing to compare).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder = Path(folder)
+    written: list[Path] = []
+    panels = [(k, t) for k, t in PANELS if _groups(summary, k)]
+    if not panels:
+        return written
+    (folder / "plots").mkdir(parents=True, exist_ok=True)
+    baseline = summary.get("baseline", "baseline")
+    for key, label in panels:
+        fig, ax = plt.subplots(figsize=(4.5, 3.2))
+        _draw(ax, summary, key, f"{label} vs {baseline}")
+        fig.tight_layout()
+        path = folder / "plots" / f"{key}.png"
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+    for ax, (key, label) in zip(axes[0], panels, strict=True):
+        _draw(ax, summary, key, label)
+    fig.suptitle(f"{title}vs {baseline}; 95% paired bootstrap intervals", fontsize=10)
+    fig.tight_layout()
+    path = folder / "comparison.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+    return written

@@ -1,0 +1,130 @@
+"""The files of a benchmark output folder: ``run.json`` (settings), ``records.jsonl`` (one line per response).
+
+Records are appended and flushed one at a time, so a run that is killed loses at most the response in
+flight; a torn last line is dropped when the folder is opened again. A record is identified by
+``(prompt_index, repeat, schedule, width)``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from specframe.bench.settings import BenchSettings, Method, differences
+from specframe.errors import SpecframeError
+
+RUN_FILE = "run.json"
+RECORDS_FILE = "records.jsonl"
+SUMMARY_FILE = "summary.json"
+
+Key = tuple[int, int, str, "int | None"]
+
+
+def record_key(record: Mapping[str, Any]) -> Key:
+    """``(prompt_index, repeat, schedule, width)`` of a record."""
+    return (int(record["prompt_index"]), int(record["repeat"]), str(record["schedule"]), record.get("width"))
+
+
+def record_method(record: Mapping[str, Any]) -> Method:
+    """The method a record belongs to."""
+    return Method(str(record["schedule"]), record.get("width"))
+
+
+def read_records(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
+    """The records of a ``records.jsonl`` file (an empty list if it does not exist).
+
+    Args:
+        path: The file.
+        repair: Cut a torn (unterminated) last line off the file, as left by a killed run.
+
+    Raises:
+        SpecframeError: If a line other than the last one is not valid JSON.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    complete = data.rfind(b"\n") + 1  # every record is written with its newline in one call
+    if complete < len(data) and repair:
+        with open(path, "r+b") as handle:
+            handle.truncate(complete)
+    records = []
+    for number, line in enumerate(data[:complete].split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            raise SpecframeError(f"{path}, line {number} is not valid JSON; the records file is damaged") from None
+    return records
+
+
+class RecordWriter:
+    """Appends records to ``records.jsonl``, flushing each line to disk."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        """Append one record and flush it."""
+        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        """Close the file."""
+        self._handle.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def write_records(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:
+    """Write a whole records file (used by merge)."""
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def read_run(folder: str | Path) -> dict[str, Any] | None:
+    """The ``run.json`` of an output folder, or ``None`` when there is none.
+
+    Raises:
+        SpecframeError: If it exists but cannot be parsed.
+    """
+    path = Path(folder) / RUN_FILE
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecframeError(f"{path} is unreadable ({exc}); remove it or use a new --out folder") from exc
+
+
+def write_json(path: str | Path, data: Any) -> None:
+    """Write JSON atomically (a temporary file renamed into place)."""
+    path = Path(path)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def check_same_run(stored: Mapping[str, Any], current: BenchSettings, where: str) -> None:
+    """Refuse to mix records made under different settings.
+
+    Raises:
+        SpecframeError: Listing each differing setting.
+    """
+    diff = differences(stored, current.to_dict())
+    if diff:
+        raise SpecframeError(
+            f"{where} holds a run with different settings ({'; '.join(diff)}); rerun with the stored settings to "
+            "resume it, or use a new --out folder"
+        )

@@ -1,0 +1,104 @@
+"""Readable text tables of a benchmark summary (the terminal report, also used by ``scripts/bench_docs.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+METHOD_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    # header, summary key, format
+    ("method", "method", "{}"),
+    ("resp", "responses", "{:d}"),
+    ("tokens", "mean_tokens", "{:.1f}"),
+    ("wall s", "mean_wall_s", "{:.3f}"),
+    ("NFE", "mean_nfe", "{:.1f}"),
+    ("tok/s", "throughput_tok_s", "{:.1f}"),
+    ("tok/NFE", "tokens_per_nfe", "{:.3f}"),
+    ("ms/NFE", "time_per_nfe_ms", "{:.2f}"),
+    ("non-model", "non_model_share", "{:.1%}"),
+    ("rows max", "rows_per_call_max", "{:d}"),
+    ("accept len", "acceptance.mean_acceptance_length", "{:.2f}"),
+    ("accept rate", "acceptance.acceptance_rate", "{:.1%}"),
+    ("acc %", "accuracy", "{:.1f}"),
+)
+
+COMPARISON_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("throughput ratio", "throughput_ratio", "{:.3f}"),
+    ("wall diff s", "wall_diff_s", "{:+.4f}"),
+    ("tok/NFE ratio", "tokens_per_nfe_ratio", "{:.3f}"),
+    ("time/NFE ratio", "time_per_nfe_ratio", "{:.3f}"),
+    ("acc diff pts", "accuracy_diff_points", "{:+.2f}"),
+)
+
+
+def lookup(row: Mapping[str, Any], dotted: str) -> Any:
+    """``row["a"]["b"]`` for ``"a.b"`` (``None`` when a part is missing)."""
+    value: Any = row
+    for part in dotted.split("."):
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def fmt(value: Any, pattern: str = "{}") -> str:
+    """Format a value, ``-`` for missing ones."""
+    if value is None:
+        return "-"
+    try:
+        return pattern.format(value)
+    except (ValueError, TypeError):
+        return str(value)
+
+
+def fmt_interval(entry: Mapping[str, Any] | None, pattern: str) -> str:
+    """``1.052 [1.031, 1.074]`` for an estimate dict."""
+    if not entry or entry.get("estimate") is None:
+        return "-"
+    return f"{fmt(entry['estimate'], pattern)} [{fmt(entry.get('low'), pattern)}, {fmt(entry.get('high'), pattern)}]"
+
+
+def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A left-aligned first column and right-aligned others, separated by two spaces."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        return "  ".join([first, *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))]).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
+
+
+def method_table(summary: Mapping[str, Any]) -> str:
+    """The per-method table."""
+    rows = [[fmt(lookup(m, key), pattern) for _, key, pattern in METHOD_COLUMNS] for m in summary["methods"]]
+    return text_table([h for h, _, _ in METHOD_COLUMNS], rows)
+
+
+def comparison_table(summary: Mapping[str, Any]) -> str:
+    """The paired comparisons against the baseline, with intervals."""
+    rows = [
+        [
+            f"{c['method']} vs {c['baseline']}",
+            *(fmt_interval(c.get(k), pattern) for _, k, pattern in COMPARISON_COLUMNS),
+        ]
+        for c in summary["comparisons"]
+    ]
+    return text_table(["comparison", *(h for h, _, _ in COMPARISON_COLUMNS)], rows)
+
+
+def format_report(summary: Mapping[str, Any], title: str = "") -> str:
+    """The terminal report: a header line, the method table and the comparison table."""
+    boot = summary.get("bootstrap", {})
+    head = f"{title}{summary['prompts']} prompts x {summary.get('repeats', 1)} response(s) per method"
+    if summary.get("incomplete_prompts"):
+        head += f" ({summary['incomplete_prompts']} incomplete prompt(s) left out)"
+    parts = [head, "", method_table(summary)]
+    if summary["comparisons"]:
+        parts += [
+            "",
+            f"paired {boot.get('confidence', 0.95):.0%} bootstrap intervals over prompts "
+            f"({boot.get('resamples', 0):,} resamples); baseline: {summary['baseline']}",
+            comparison_table(summary),
+        ]
+    return "\n".join(parts)

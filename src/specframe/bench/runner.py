@@ -1,0 +1,238 @@
+"""Run several schedules side by side on one task (paper, section 4 and appendix E).
+
+The model is loaded once and one decoder is composed per method (schedule and width). After untimed
+warm-up generations, the methods run on the same prompts *interleaved*: for each prompt and repeat every
+method runs in turn, and the turn order rotates from one (prompt, repeat) to the next, so slow drifts of the
+machine (clocks, temperature, other load) fall on all methods alike. Each response is graded (outside the
+timed decoder loop) and appended to ``records.jsonl`` at once, so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from specframe.bench.output import machine_description, write_report
+from specframe.bench.records import (
+    RECORDS_FILE,
+    RUN_FILE,
+    RecordWriter,
+    check_same_run,
+    read_records,
+    read_run,
+    record_key,
+    write_json,
+)
+from specframe.bench.settings import BenchSettings, Method
+from specframe.bench.tasks import Example, Task, digest, get_task
+from specframe.decoder import Decoder, Generation
+from specframe.errors import InputError, SpecframeError
+from specframe.models.base import ModelBackend
+
+
+def select_examples(examples: list[Example], settings: BenchSettings) -> list[Example]:
+    """The prompts this process runs: the first ``limit``, then those of its shard (``index % n == i``)."""
+    chosen = examples[: settings.limit] if settings.limit is not None else list(examples)
+    if settings.shard is not None:
+        index, count = settings.shard
+        chosen = [ex for ex in chosen if ex.index % count == index]
+    return chosen
+
+
+def turn_order(methods: list[Method], step: int) -> list[Method]:
+    """``methods`` rotated by ``step``: each method goes first once every ``len(methods)`` steps."""
+    shift = step % len(methods)
+    return methods[shift:] + methods[:shift]
+
+
+def load_task(settings: BenchSettings) -> tuple[Task, list[Example]]:
+    """The task and its full prompt list; fills in ``settings.task_digest``."""
+    task = get_task(settings.task)
+    examples = task.load(settings.task_file)
+    settings.task_digest = digest(examples)
+    return task, examples
+
+
+def compose_decoders(model: ModelBackend, settings: BenchSettings) -> dict[Method, Decoder]:
+    """One decoder per method on the already loaded ``model``."""
+    from specframe.config import compose
+
+    decoders = {}
+    for method in settings.methods():
+        schedule: Any = method.schedule
+        if method.schedule == "native" and settings.threshold is not None:
+            schedule = {"name": "native", "threshold": settings.threshold}
+        decoders[method] = compose(
+            {
+                "model": model,
+                "schedule": schedule,
+                "order": settings.order,
+                "acceptance": settings.acceptance,
+                "width": method.width or min(settings.widths),
+                "max_new_tokens": settings.max_new_tokens,
+                "seed": settings.seed,
+                "adapter": settings.adapter,
+                "stop": list(settings.stop),
+            }
+        )
+    return decoders
+
+
+def answer_text(model: ModelBackend, output_ids: list[int]) -> str:
+    """The response text to grade: the output without its trailing end-of-sequence tokens."""
+    ids = list(output_ids)
+    while ids and ids[-1] in model.eos_token_ids:
+        ids.pop()
+    return model.decode(ids)
+
+
+def make_record(
+    settings: BenchSettings,
+    example: Example,
+    repeat: int,
+    method: Method,
+    seed: int,
+    result: Generation,
+    correct: bool | None,
+) -> dict[str, Any]:
+    """The ``records.jsonl`` entry of one response."""
+    verifications = result.metrics.verifications
+    longest = max((v.drafted for v in verifications), default=0)
+    reached = [sum(1 for v in verifications if v.drafted > rank) for rank in range(longest)]
+    accepted = [sum(1 for v in verifications if v.accepted > rank) for rank in range(longest)]
+    return {
+        "task": settings.task,
+        "prompt_index": example.index,
+        "example_id": example.id,
+        "repeat": repeat,
+        "schedule": method.schedule,
+        "width": method.width,
+        "method": method.label,
+        "order": settings.order,
+        "temperature": settings.temperature,
+        "seed": seed,
+        "prompt_tokens": len(result.prompt_ids),
+        "output_ids": result.output_ids,
+        "text": result.text,
+        "stop_reason": result.stop_reason,
+        "metrics": result.metrics.to_dict(),
+        "acceptance_positions": {"reached": reached, "accepted": accepted},
+        "correct": correct,
+    }
+
+
+def run_bench(
+    settings: BenchSettings,
+    out: str | Path,
+    *,
+    model: ModelBackend | None = None,
+    progress: bool = True,
+    command: str | None = None,
+    log: Callable[[str], None] | None = None,
+    plots: bool = True,
+) -> tuple[dict[str, Any], str]:
+    """Run (or resume) a benchmark and write its report.
+
+    Args:
+        settings: What to run.
+        out: Output folder (created; an existing one with the same settings is resumed).
+        model: An already loaded model to use instead of loading ``settings.model``.
+        progress: Show a progress bar on standard error.
+        command: The command line, recorded in ``run.json``.
+        log: Where to print notes (default: standard error).
+        plots: Also draw the PNG figures.
+
+    Returns:
+        The summary and the formatted report.
+
+    Raises:
+        SpecframeError: Bad settings, unavailable data, or an output folder holding a different run.
+    """
+    log = log or (lambda text: print(text, file=sys.stderr))
+    settings.validate()
+    task, examples = load_task(settings)
+    chosen = select_examples(examples, settings)
+    if not chosen:
+        raise SpecframeError(f"no prompts to run: --limit/--shard select none of the {len(examples)} prompts")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    stored = read_run(folder)
+    if stored is not None:
+        check_same_run(stored.get("settings", {}), settings, str(folder))
+    records = read_records(folder / RECORDS_FILE, repair=True)
+    done = {record_key(r) for r in records}
+    methods = settings.methods()
+    todo = [
+        (example, repeat, method)
+        for example in chosen
+        for repeat in range(settings.repeats)
+        for method in turn_order(methods, example.index * settings.repeats + repeat)
+        if (example.index, repeat, method.schedule, method.width) not in done
+    ]
+    run = dict(stored or {})
+    if todo:
+        if done:
+            log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
+        model = model if model is not None else _load_model(settings)
+        run = {
+            "settings": settings.to_dict(),
+            "model": model.describe(),
+            "task": {"name": task.name, "description": task.description, "prompts": len(examples)},
+            "environment": machine_description(),
+            "command": command,
+        }
+        write_json(folder / RUN_FILE, run)
+        decoders = compose_decoders(model, settings)
+        _warm_up(decoders, chosen, settings)
+        with RecordWriter(folder / RECORDS_FILE) as writer:
+            for record in _generate(todo, decoders, task, settings, model, progress):
+                writer.write(record)
+                records.append(record)
+    else:
+        log(f"{folder}: all {len(done)} responses already stored; nothing to run")
+    return write_report(folder, settings, records, run, plots=plots)
+
+
+def _load_model(settings: BenchSettings) -> ModelBackend:
+    from specframe.models import load_model
+
+    return load_model(
+        settings.model,
+        device=settings.device or "cpu",
+        dtype=settings.dtype,
+        revision=settings.revision,
+        adapter=settings.adapter,
+    )
+
+
+def _warm_up(decoders: Mapping[Method, Decoder], chosen: list[Example], settings: BenchSettings) -> None:
+    """Untimed generations on the first prompts (compilation, allocator and cache warm-up)."""
+    for example in chosen[: settings.warmup] if settings.warmup else []:
+        for method, decoder in decoders.items():
+            _generate_one(decoder, example, method, settings.seed)
+
+
+def _generate_one(decoder: Decoder, example: Example, method: Method, seed: int) -> Generation:
+    try:
+        return decoder.generate(example.prompt, seed=seed)
+    except InputError as exc:
+        raise SpecframeError(f"prompt {example.index} ({example.id}) with {method.label}: {exc}") from exc
+
+
+def _generate(todo, decoders, task: Task, settings: BenchSettings, model: ModelBackend, progress: bool):  # noqa: ANN001
+    """Yield one record per pending (prompt, repeat, method), in the interleaved order of ``todo``."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(todo), unit="resp", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    try:
+        for example, repeat, method in todo:
+            seed = settings.seed_for(example.index, repeat)
+            result = _generate_one(decoders[method], example, method, seed)
+            correct = task.grade(example, answer_text(model, result.output_ids)) if task.graded else None
+            bar.set_postfix_str(f"{method.label} p{example.index}", refresh=False)
+            bar.update()
+            yield make_record(settings, example, repeat, method, seed, result, correct)
+    finally:
+        bar.close()

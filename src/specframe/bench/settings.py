@@ -1,0 +1,225 @@
+"""The settings of a benchmark run, the methods it compares, and which settings must agree to resume or merge."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specframe.errors import ConfigError
+
+# Settings that may differ between a stored run and a resumed one, or between shards being merged: they
+# change which prompts a process works on or how it reports, never what a record means.
+SCOPE_KEYS = frozenset({"limit", "shard", "warmup", "baseline", "device", "resamples", "bootstrap_seed"})
+MAX_REPEATS = 1000  # seeds are base + 1000 * prompt index + repeat
+WIDTHLESS = frozenset({"ar"})  # schedules that take no speculative width
+
+
+@dataclass(frozen=True, order=True)
+class Method:
+    """One decoding configuration being compared: a schedule and, for speculative schedules, a width.
+
+    Attributes:
+        schedule: Schedule name.
+        width: Speculative width, ``None`` for schedules without one (``ar``).
+    """
+
+    schedule: str
+    width: int | None = None
+
+    @property
+    def label(self) -> str:
+        """``packed/w8``, or ``ar``."""
+        return self.schedule if self.width is None else f"{self.schedule}/w{self.width}"
+
+    @classmethod
+    def parse(cls, text: str) -> Method:
+        """Parse a label (``packed/w8``, ``packed/8`` or ``ar``).
+
+        Raises:
+            ConfigError: For a malformed width.
+        """
+        schedule, _, width = text.partition("/")
+        if not width:
+            return cls(schedule)
+        try:
+            return cls(schedule, int(width.removeprefix("w")))
+        except ValueError:
+            raise ConfigError(f"bad method {text!r}: write a schedule name or schedule/width like linear/w8") from None
+
+
+@dataclass
+class BenchSettings:
+    """Everything that defines a benchmark run.
+
+    Attributes:
+        task: Task name.
+        task_file: Local data file used instead of the task's default source.
+        task_digest: Fingerprint of the task's full prompt set (filled in when the task is loaded).
+        model: Hub repo id or folder (``None``: the bundled model).
+        schedules: Schedule names to compare.
+        widths: Speculative widths (applied to every schedule except ``ar``).
+        order: Verification order.
+        acceptance: Acceptance rule name or mapping (as in a decoder config).
+        threshold: Confidence threshold of the ``native`` schedule (``None``: its default).
+        max_new_tokens: Output cap.
+        repeats: Responses per prompt and method.
+        seed: Base seed (response seeds are ``seed + 1000 * prompt index + repeat``).
+        dtype: Model dtype (``None``: the loader's default).
+        revision: Hub revision of the model.
+        adapter: Use the proposal-only adapter.
+        stop: Stop strings.
+        limit: Only the first ``limit`` prompts.
+        shard: ``(i, n)``: only prompts whose index is ``i`` modulo ``n``.
+        warmup: Untimed warm-up generations per method before measuring.
+        baseline: Schedule (or ``schedule/wW``) the others are compared against.
+        device: Device the model runs on.
+        resamples: Bootstrap resamples.
+        bootstrap_seed: Seed of the bootstrap's prompt draws.
+    """
+
+    task: str
+    schedules: list[str]
+    widths: list[int]
+    model: str | None = None
+    task_file: str | None = None
+    task_digest: str | None = None
+    order: str = "ltr"
+    acceptance: str | dict[str, Any] = "greedy"
+    threshold: float | None = None
+    max_new_tokens: int = 256
+    repeats: int = 1
+    seed: int = 0
+    dtype: str | None = None
+    revision: str | None = None
+    adapter: bool = False
+    stop: list[str] = field(default_factory=list)
+    limit: int | None = None
+    shard: tuple[int, int] | None = None
+    warmup: int = 1
+    baseline: str | None = None
+    device: str | None = None
+    resamples: int = 20_000
+    bootstrap_seed: int = 0
+
+    def validate(self) -> None:
+        """Check ranges and combinations.
+
+        Raises:
+            ConfigError: Naming the bad setting and what to do.
+        """
+        if not self.schedules:
+            raise ConfigError("--schedules is empty; name at least one schedule, e.g. ar,linear,quadratic,packed")
+        if len(set(self.schedules)) != len(self.schedules):
+            raise ConfigError(f"--schedules repeats a schedule: {','.join(self.schedules)}")
+        if any(w < 1 for w in self.widths) or not self.widths:
+            raise ConfigError(f"--widths must be positive integers, got {self.widths}")
+        if not 1 <= self.repeats <= MAX_REPEATS:
+            raise ConfigError(f"--repeats must be between 1 and {MAX_REPEATS}, got {self.repeats}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.resamples < 1:
+            raise ConfigError(f"--resamples must be >= 1, got {self.resamples}")
+        if self.shard is not None:
+            index, count = self.shard
+            if not 0 <= index < count:
+                raise ConfigError(f"--shard {index}/{count}: the shard index must be in 0..{count - 1}")
+        self.baseline_method()
+
+    @property
+    def temperature(self) -> float:
+        """Sampling temperature (0 for greedy acceptance)."""
+        if isinstance(self.acceptance, Mapping):
+            return float(self.acceptance.get("temperature", 1.0))
+        return 0.0 if self.acceptance == "greedy" else 1.0
+
+    def methods(self) -> list[Method]:
+        """The methods compared, in a fixed order: each schedule, and for speculative ones each width."""
+        methods = []
+        for schedule in self.schedules:
+            if schedule in WIDTHLESS:
+                methods.append(Method(schedule))
+            else:
+                methods.extend(Method(schedule, width) for width in self.widths)
+        return methods
+
+    def baseline_method(self) -> str:
+        """The baseline schedule or method label: ``--baseline``, else ``linear``, else ``ar``, else the first.
+
+        Raises:
+            ConfigError: If ``--baseline`` names no compared method.
+        """
+        labels = {m.label for m in self.methods()}
+        if self.baseline is None:
+            for candidate in ("linear", "ar"):
+                if candidate in self.schedules:
+                    return candidate
+            return self.schedules[0]
+        wanted = Method.parse(self.baseline)
+        if wanted.schedule in self.schedules and (wanted.width is None or wanted.label in labels):
+            return self.baseline
+        raise ConfigError(
+            f"--baseline {self.baseline} is not among the compared methods ({', '.join(sorted(labels))}); add it to "
+            "--schedules/--widths or pick one of them"
+        )
+
+    def seed_for(self, prompt_index: int, repeat: int) -> int:
+        """The sampling seed of one response (the same for every method, so repeats are paired too)."""
+        return self.seed + MAX_REPEATS * prompt_index + repeat
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly settings (``shard`` as ``"i/n"``)."""
+        data = dataclasses.asdict(self)
+        data["shard"] = f"{self.shard[0]}/{self.shard[1]}" if self.shard else None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BenchSettings:
+        """Settings from :meth:`to_dict` output (unknown keys are ignored, for forward compatibility)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if values.get("shard"):
+            values["shard"] = parse_shard(values["shard"])
+        return cls(**values)
+
+
+def parse_shard(text: str | Sequence[int]) -> tuple[int, int]:
+    """``"i/n"`` -> ``(i, n)``.
+
+    Raises:
+        ConfigError: If it is not two integers with 0 <= i < n.
+    """
+    if not isinstance(text, str):
+        index, count = (int(v) for v in text)
+    else:
+        try:
+            index, count = (int(part) for part in text.split("/"))
+        except ValueError:
+            raise ConfigError(f"--shard must look like i/n (e.g. 0/4), got {text!r}") from None
+    if count < 1 or not 0 <= index < count:
+        raise ConfigError(f"--shard {index}/{count}: need n >= 1 and 0 <= i < n")
+    return index, count
+
+
+def differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """The record-defining settings that differ, as ``key: stored -> current`` lines."""
+    lines = []
+    for key in sorted(set(stored) | set(current)):
+        if key in SCOPE_KEYS:
+            continue
+        if _canonical(stored.get(key)) != _canonical(current.get(key)):
+            lines.append(f"{key}: {stored.get(key)!r} -> {current.get(key)!r}")
+    return lines
+
+
+def _canonical(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _canonical(v) for k, v in sorted(value.items())}
+    return value

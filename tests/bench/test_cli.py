@@ -1,0 +1,62 @@
+import json
+
+from specframe.cli import main
+
+
+def bench_args(model_dir, out, *extra):
+    return [
+        "bench",
+        "--model",
+        str(model_dir),
+        "--task",
+        "smoke",
+        "--limit",
+        "2",
+        "--schedules",
+        "ar,linear,packed",
+        "--widths",
+        "2,3",
+        "--max-new-tokens",
+        "6",
+        "--warmup",
+        "1",
+        "--resamples",
+        "300",
+        "--no-progress",
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def test_bench_end_to_end_writes_table_records_summary_and_plots(tmp_path, tiny_nemotron_dir, capsys):
+    out = tmp_path / "run"
+    assert main(bench_args(tiny_nemotron_dir, out)) == 0
+    printed = capsys.readouterr().out
+    assert "tok/NFE" in printed and "packed/w3 vs linear/w3" in printed and "throughput ratio" in printed
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * 5  # ar once, linear and packed at two widths
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["prompts"] == 2 and summary["baseline"] == "linear"
+    assert [m["method"] for m in summary["methods"]] == ["ar", "linear/w2", "linear/w3", "packed/w2", "packed/w3"]
+    assert summary["settings"]["max_new_tokens"] == 6 and summary["model"]["family"] == "nemotron-labs-diffusion"
+    assert (out / "comparison.png").stat().st_size > 0
+    assert (out / "plots" / "throughput_ratio.png").exists()
+    run = json.loads((out / "run.json").read_text())
+    assert run["environment"]["torch"] and "bench" in run["command"]
+
+    merged = tmp_path / "merged"
+    assert main(["bench", "merge", str(out), "--out", str(merged)]) == 0
+    assert (merged / "records.jsonl").read_text().count("\n") == 10
+
+
+def test_bench_errors_are_one_line(tmp_path, tiny_nemotron_dir, capsys):
+    assert main(["bench", "--task", "smoke"]) == 1
+    assert "--out is required" in capsys.readouterr().err
+    assert main(bench_args(tiny_nemotron_dir, tmp_path / "x", "--shard", "3/2")) == 1
+    assert "shard" in capsys.readouterr().err
+    assert main(bench_args(tiny_nemotron_dir, tmp_path / "y", "--baseline", "quadratic")) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --baseline quadratic") and err.count("\n") == 1
+    assert main(bench_args(tiny_nemotron_dir, tmp_path / "z", "--task", "nope")) == 1
+    assert "unknown task" in capsys.readouterr().err

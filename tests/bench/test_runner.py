@@ -1,0 +1,144 @@
+import json
+import shutil
+
+import pytest
+
+from specframe.bench import BenchSettings, merge_runs, run_bench
+from specframe.bench.records import read_records, record_key
+from specframe.bench.runner import select_examples, turn_order
+from specframe.bench.settings import Method
+from specframe.errors import SpecframeError
+
+
+def settings(**overrides):
+    values = dict(
+        task="smoke",
+        schedules=["ar", "linear", "packed"],
+        widths=[2],
+        max_new_tokens=6,
+        limit=3,
+        warmup=0,
+        resamples=200,
+    )
+    values.update(overrides)
+    return BenchSettings(**values)
+
+
+def outputs(folder):
+    return {record_key(r): r["output_ids"] for r in read_records(folder / "records.jsonl")}
+
+
+def run(folder, model, **overrides):
+    plots = overrides.pop("plots", False)
+    return run_bench(settings(**overrides), folder, model=model, progress=False, log=lambda _: None, plots=plots)
+
+
+def test_turn_order_rotates_and_selection_shards():
+    methods = [Method("ar"), Method("linear", 2), Method("packed", 2)]
+    assert turn_order(methods, 0) == methods
+    assert turn_order(methods, 1)[0] == methods[1] and turn_order(methods, 5)[0] == methods[2]
+    examples = list(range(10))
+    from specframe.bench.tasks import get_task
+
+    examples = get_task("smoke").load()
+    chosen = select_examples(examples, settings(limit=7, shard=(1, 3)))
+    assert [e.index for e in chosen] == [1, 4]
+
+
+def test_records_hold_every_response_interleaved(tmp_path, tiny_setdlm):
+    summary, report = run(tmp_path, tiny_setdlm, plots=True)
+    records = read_records(tmp_path / "records.jsonl")
+    assert len(records) == 3 * 3
+    assert [r["method"] for r in records[:3]] == ["ar", "linear/w2", "packed/w2"]
+    assert [r["method"] for r in records[3:6]] == ["linear/w2", "packed/w2", "ar"]  # rotated for prompt 1
+    first = records[0]
+    for key in (
+        "task",
+        "prompt_index",
+        "repeat",
+        "schedule",
+        "width",
+        "order",
+        "temperature",
+        "seed",
+        "output_ids",
+        "text",
+        "metrics",
+        "correct",
+    ):
+        assert key in first
+    assert first["metrics"]["nfe"] >= 1 and first["metrics"]["generated_tokens"] == len(first["output_ids"])
+    by_prompt = {}
+    for r in records:  # greedy speculative decoding is lossless: every schedule gives AR's tokens
+        by_prompt.setdefault(r["prompt_index"], set()).add(tuple(r["output_ids"]))
+    assert all(len(v) == 1 for v in by_prompt.values())
+    assert summary["prompts"] == 3 and len(summary["comparisons"]) == 2
+    assert "linear/w2" in report and (tmp_path / "summary.json").exists() and (tmp_path / "comparison.png").exists()
+
+
+def test_rerun_adds_nothing_and_gives_the_same_summary(tmp_path, tiny_setdlm):
+    first, _ = run(tmp_path, tiny_setdlm)
+    lines = (tmp_path / "records.jsonl").read_text()
+    second, _ = run(tmp_path, tiny_setdlm)
+    assert (tmp_path / "records.jsonl").read_text() == lines
+    assert json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True)
+
+
+def test_interrupted_run_resumes_where_it_stopped(tmp_path, tiny_setdlm):
+    full, partial = tmp_path / "full", tmp_path / "partial"
+    run(full, tiny_setdlm)
+    partial.mkdir()
+    shutil.copy(full / "run.json", partial / "run.json")
+    lines = (full / "records.jsonl").read_text().splitlines(keepends=True)
+    # four complete records and a torn fifth, as left by a process killed while writing
+    (partial / "records.jsonl").write_text("".join(lines[:4]) + lines[4][:25])
+    run(partial, tiny_setdlm)
+    resumed = read_records(partial / "records.jsonl")
+    assert len(resumed) == len(lines)
+    assert outputs(partial) == outputs(full)
+
+
+def test_resume_refuses_different_settings(tmp_path, tiny_setdlm):
+    run(tmp_path, tiny_setdlm)
+    with pytest.raises(SpecframeError, match="max_new_tokens: 6 -> 7"):
+        run(tmp_path, tiny_setdlm, max_new_tokens=7)
+    with pytest.raises(SpecframeError, match="schedules"):
+        run(tmp_path, tiny_setdlm, schedules=["ar", "packed"])
+    run(tmp_path, tiny_setdlm, limit=4)  # a larger --limit only extends the run
+    assert len(read_records(tmp_path / "records.jsonl")) == 4 * 3
+
+
+def test_two_shards_merged_equal_one_unsharded_run(tmp_path, tiny_setdlm):
+    whole, a, b, merged = (tmp_path / n for n in ("whole", "a", "b", "merged"))
+    run(whole, tiny_setdlm, limit=5)
+    run(a, tiny_setdlm, limit=5, shard=(0, 2))
+    run(b, tiny_setdlm, limit=5, shard=(1, 2))
+    assert {k[0] for k in outputs(a)} == {0, 2, 4} and {k[0] for k in outputs(b)} == {1, 3}
+    summary, _ = merge_runs([a, b], merged, log=lambda _: None, plots=False)
+    assert outputs(merged) == outputs(whole)
+    assert summary["prompts"] == 5 and (merged / "summary.json").exists()
+    with pytest.raises(SpecframeError, match="already holds records"):
+        merge_runs([a, b], merged, log=lambda _: None, plots=False)
+
+
+def test_merge_refuses_runs_with_different_settings(tmp_path, tiny_setdlm):
+    run(tmp_path / "a", tiny_setdlm, shard=(0, 2))
+    run(tmp_path / "b", tiny_setdlm, shard=(1, 2), max_new_tokens=5)
+    with pytest.raises(SpecframeError, match="max_new_tokens"):
+        merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "m", log=lambda _: None)
+
+
+def test_sampling_repeats_use_distinct_seeds(tmp_path, tiny_setdlm):
+    summary, _ = run(
+        tmp_path,
+        tiny_setdlm,
+        schedules=["linear", "packed"],
+        limit=2,
+        repeats=2,
+        acceptance={"name": "rejection", "temperature": 1.0},
+    )
+    records = read_records(tmp_path / "records.jsonl")
+    assert len(records) == 2 * 2 * 2
+    assert {r["seed"] for r in records} == {0, 1, 1000, 1001}
+    assert all(r["temperature"] == 1.0 for r in records)
+    assert summary["responses_per_method"] == 4
