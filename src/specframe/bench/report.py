@@ -71,8 +71,7 @@ def text_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def method_table(summary: Mapping[str, Any]) -> str:
     """The per-method table."""
-    rows = [[fmt(lookup(m, key), pattern) for _, key, pattern in METHOD_COLUMNS] for m in summary["methods"]]
-    return text_table([h for h, _, _ in METHOD_COLUMNS], rows)
+    return text_table(*method_rows(summary))
 
 
 def comparison_table(summary: Mapping[str, Any]) -> str:
@@ -102,3 +101,17 @@ def format_report(summary: Mapping[str, Any], title: str = "") -> str:
             comparison_table(summary),
         ]
     return "\n".join(parts)
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A GitHub-flavoured Markdown table (first column left-aligned, the others right-aligned)."""
+    align = [":---", *("---:" for _ in headers[1:])]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def method_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted cells of the per-method table."""
+    rows = [[fmt(lookup(m, key), pattern) for _, key, pattern in METHOD_COLUMNS] for m in summary["methods"]]
+    return [h for h, _, _ in METHOD_COLUMNS], rows
