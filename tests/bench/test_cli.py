@@ -60,3 +60,22 @@ def test_bench_errors_are_one_line(tmp_path, tiny_nemotron_dir, capsys):
     assert err.startswith("error: --baseline quadratic") and err.count("\n") == 1
     assert main(bench_args(tiny_nemotron_dir, tmp_path / "z", "--task", "nope")) == 1
     assert "unknown task" in capsys.readouterr().err
+
+
+def parsed(*argv):
+    from specframe.bench.cli import settings_from_args
+    from specframe.cli import build_parser
+
+    argv = ["bench", *argv]
+    return settings_from_args(build_parser(argv).parse_args(argv))
+
+
+def test_settings_from_the_command_line():
+    s = parsed("--task", "humaneval", "--temperature", "1", "--paper-repeats", "--widths", "15,31")
+    assert s.repeats == 20 and s.widths == [15, 31] and s.temperature == 1.0 and s.max_new_tokens == 512
+    assert s.acceptance == {"name": "rejection", "temperature": 1.0}
+    assert parsed("--task", "mbpp", "--temperature", "1", "--paper-repeats").repeats == 7
+    assert parsed("--task", "humaneval", "--paper-repeats").repeats == 1  # greedy: one response is enough
+    greedy = parsed("--task", "gsm8k", "--temperature", "0", "--shard", "1/4", "--max-new-tokens", "64")
+    assert greedy.acceptance == "greedy" and greedy.shard == (1, 4) and greedy.max_new_tokens == 64
+    assert parsed("--task", "math500").max_new_tokens == 1024 and parsed().widths == [8]

@@ -142,3 +142,15 @@ def test_sampling_repeats_use_distinct_seeds(tmp_path, tiny_setdlm):
     assert {r["seed"] for r in records} == {0, 1, 1000, 1001}
     assert all(r["temperature"] == 1.0 for r in records)
     assert summary["responses_per_method"] == 4
+
+
+def test_prompt_template_wraps_every_prompt(tmp_path, tiny_setdlm):
+    template = "<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n"
+    run(tmp_path / "raw", tiny_setdlm, limit=1, schedules=["ar"])
+    run(tmp_path / "chat", tiny_setdlm, limit=1, schedules=["ar"], prompt_template=template)
+    raw, chat = (read_records(tmp_path / n / "records.jsonl")[0] for n in ("raw", "chat"))
+    assert chat["prompt_tokens"] > raw["prompt_tokens"]
+    with pytest.raises(SpecframeError, match="prompt_template"):
+        run(tmp_path / "raw", tiny_setdlm, limit=1, schedules=["ar"], prompt_template=template)
+    with pytest.raises(SpecframeError, match="must contain"):
+        run(tmp_path / "bad", tiny_setdlm, prompt_template="no placeholder")

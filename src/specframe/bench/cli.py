@@ -50,6 +50,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="at temperature > 0, the paper's repeats: 20 per HumanEval prompt, 7 per MBPP prompt",
     )
+    parser.add_argument(
+        "--prompt-template",
+        help="wrap each prompt, e.g. a chat format '<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n' "
+        "(default: raw prompts)",
+    )
     parser.add_argument("--out", help="output folder (rerunning with the same folder resumes)")
     parser.add_argument("--limit", type=int, help="only the first N prompts")
     parser.add_argument("--baseline", help="schedule (or schedule/wW) to compare against (default linear, else ar)")
@@ -102,6 +107,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         revision=args.revision,
         adapter=args.adapter,
         stop=list(args.stop),
+        prompt_template=_unescape(args.prompt_template),
         limit=args.limit,
         shard=parse_shard(args.shard) if args.shard else None,
         warmup=args.warmup,
@@ -145,6 +151,13 @@ def _int_list(text: str, option: str) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ConfigError(f"{option} must be comma-separated integers like 4,8, got {text!r}") from None
+
+
+def _unescape(template: str | None) -> str | None:
+    r"""Turn ``\n`` / ``\t`` written on a command line into real newlines / tabs."""
+    if template is None:
+        return None
+    return template.replace("\\n", "\n").replace("\\t", "\t")
 
 
 def _command_line() -> str:

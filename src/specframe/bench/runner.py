@@ -211,12 +211,12 @@ def _warm_up(decoders: Mapping[Method, Decoder], chosen: list[Example], settings
     """Untimed generations on the first prompts (compilation, allocator and cache warm-up)."""
     for example in chosen[: settings.warmup] if settings.warmup else []:
         for method, decoder in decoders.items():
-            _generate_one(decoder, example, method, settings.seed)
+            _generate_one(decoder, example, method, settings, settings.seed)
 
 
-def _generate_one(decoder: Decoder, example: Example, method: Method, seed: int) -> Generation:
+def _generate_one(decoder: Decoder, example: Example, method: Method, settings: BenchSettings, seed: int) -> Generation:
     try:
-        return decoder.generate(example.prompt, seed=seed)
+        return decoder.generate(settings.prompt_text(example.prompt), seed=seed)
     except InputError as exc:
         raise SpecframeError(f"prompt {example.index} ({example.id}) with {method.label}: {exc}") from exc
 
@@ -229,7 +229,7 @@ def _generate(todo, decoders, task: Task, settings: BenchSettings, model: ModelB
     try:
         for example, repeat, method in todo:
             seed = settings.seed_for(example.index, repeat)
-            result = _generate_one(decoders[method], example, method, seed)
+            result = _generate_one(decoders[method], example, method, settings, seed)
             correct = task.grade(example, answer_text(model, result.output_ids)) if task.graded else None
             bar.set_postfix_str(f"{method.label} p{example.index}", refresh=False)
             bar.update()

@@ -11,7 +11,8 @@ from specframe.errors import ConfigError
 
 # Settings that may differ between a stored run and a resumed one, or between shards being merged: they
 # change which prompts a process works on or how it reports, never what a record means.
-SCOPE_KEYS = frozenset({"limit", "shard", "warmup", "baseline", "device", "resamples", "bootstrap_seed"})
+# task_file is a local path (it may differ between hosts); task_digest checks that the prompts are the same.
+SCOPE_KEYS = frozenset({"limit", "shard", "warmup", "baseline", "device", "resamples", "bootstrap_seed", "task_file"})
 MAX_REPEATS = 1000  # seeds are base + 1000 * prompt index + repeat
 WIDTHLESS = frozenset({"ar"})  # schedules that take no speculative width
 
@@ -70,6 +71,8 @@ class BenchSettings:
         revision: Hub revision of the model.
         adapter: Use the proposal-only adapter.
         stop: Stop strings.
+        prompt_template: Text around each prompt, with ``{prompt}`` where the prompt goes (e.g. a chat
+            format); ``None`` for raw prompts.
         limit: Only the first ``limit`` prompts.
         shard: ``(i, n)``: only prompts whose index is ``i`` modulo ``n``.
         warmup: Untimed warm-up generations per method before measuring.
@@ -95,6 +98,7 @@ class BenchSettings:
     revision: str | None = None
     adapter: bool = False
     stop: list[str] = field(default_factory=list)
+    prompt_template: str | None = None
     limit: int | None = None
     shard: tuple[int, int] | None = None
     warmup: int = 1
@@ -125,6 +129,8 @@ class BenchSettings:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.resamples < 1:
             raise ConfigError(f"--resamples must be >= 1, got {self.resamples}")
+        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
+            raise ConfigError("--prompt-template must contain {prompt} where the prompt text goes")
         if self.shard is not None:
             index, count = self.shard
             if not 0 <= index < count:
@@ -167,6 +173,12 @@ class BenchSettings:
             f"--baseline {self.baseline} is not among the compared methods ({', '.join(sorted(labels))}); add it to "
             "--schedules/--widths or pick one of them"
         )
+
+    def prompt_text(self, prompt: str) -> str:
+        """The text given to the model for a task prompt (the template applied, if any)."""
+        if self.prompt_template is None:
+            return prompt
+        return self.prompt_template.replace("{prompt}", prompt)
 
     def seed_for(self, prompt_index: int, repeat: int) -> int:
         """The sampling seed of one response (the same for every method, so repeats are paired too)."""

@@ -5,7 +5,8 @@ a fresh temporary folder and runs it there with a new interpreter (``python -I -
 site, no bytecode files) in its own session, with
 
 * a wall-clock timeout (the whole process group is killed when it expires),
-* CPU-time, address-space, file-size and open-file limits set through :mod:`resource` before the program starts,
+* CPU-time, address-space, file-size and open-file limits set through :mod:`resource` (by a short launcher
+  in the sandbox interpreter) before the program starts,
 * a minimal environment (no inherited variables beyond ``PATH``; ``HOME`` and ``TMPDIR`` point at the folder),
 * standard input closed and the output captured (truncated to a few kilobytes).
 
@@ -48,24 +49,28 @@ class SandboxResult:
     pid: int
 
 
-def _limits(cpu_s: int, memory_mb: int) -> None:  # pragma: no cover - runs in the child process
-    """Set resource limits in the child before it executes Python (POSIX only)."""
-    import resource
-
-    def cap(kind: int, value: int) -> None:
-        try:
-            _, hard = resource.getrlimit(kind)
-            if hard != resource.RLIM_INFINITY:
-                value = min(value, hard)
-            resource.setrlimit(kind, (value, value))
-        except (ValueError, OSError):
-            pass  # some platforms (macOS for RLIMIT_AS) refuse a limit; the timeout still applies
-
-    cap(resource.RLIMIT_CPU, cpu_s)
-    cap(resource.RLIMIT_AS, memory_mb * 1024 * 1024)
-    cap(resource.RLIMIT_FSIZE, 16 * 1024 * 1024)
-    cap(resource.RLIMIT_NOFILE, 64)
-    cap(resource.RLIMIT_CORE, 0)
+# Runs first in the sandbox interpreter: set the limits, then execute the program as __main__.
+_LAUNCHER = """
+import resource, runpy, sys
+def cap(kind, value):
+    try:
+        soft, hard = resource.getrlimit(kind)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        resource.setrlimit(kind, (value, value))
+    except (ValueError, OSError):
+        pass  # some platforms (macOS for RLIMIT_AS) refuse a limit; the wall-clock timeout still applies
+cpu_s, memory_mb = int(sys.argv[2]), int(sys.argv[3])
+cap(resource.RLIMIT_CPU, cpu_s)
+cap(resource.RLIMIT_AS, memory_mb * 1024 * 1024)
+cap(resource.RLIMIT_FSIZE, 16 * 1024 * 1024)
+cap(resource.RLIMIT_NOFILE, 64)
+cap(resource.RLIMIT_CORE, 0)
+program = sys.argv[1]
+sys.argv = [program]
+del cap, cpu_s, memory_mb, resource
+runpy.run_path(program, run_name="__main__")
+"""
 
 
 def run_program(
@@ -93,15 +98,17 @@ def run_program(
         }
         posix = os.name == "posix"
         cpu_s = max(1, int(timeout_s + 0.999))
+        command = [sys.executable, "-I", "-B", str(program)]
+        if posix:
+            command = [sys.executable, "-I", "-B", "-c", _LAUNCHER, str(program), str(cpu_s), str(memory_mb)]
         process = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(program)],
+            command,
             cwd=folder,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=posix,
-            preexec_fn=(lambda: _limits(cpu_s, memory_mb)) if posix else None,  # noqa: PLW1509
         )
         try:
             output, _ = process.communicate(timeout=timeout_s)
