@@ -79,3 +79,33 @@ def test_settings_from_the_command_line():
     greedy = parsed("--task", "gsm8k", "--temperature", "0", "--shard", "1/4", "--max-new-tokens", "64")
     assert greedy.acceptance == "greedy" and greedy.shard == (1, 4) and greedy.max_new_tokens == 64
     assert parsed("--task", "math500").max_new_tokens == 1024 and parsed().widths == [8]
+
+
+def test_equivalent_command_reproduces_the_settings():
+    import shlex
+
+    from specframe.bench.cli import equivalent_command
+
+    original = parsed(
+        "--task",
+        "gsm8k",
+        "--temperature",
+        "0.7",
+        "--top-k",
+        "20",
+        "--widths",
+        "4,8",
+        "--limit",
+        "5",
+        "--shard",
+        "0/2",
+        "--stop",
+        "</s>",
+        "--prompt-template",
+        "Q: {prompt}\\nA:",
+        "--out",
+        "x",
+    )
+    words = shlex.split(equivalent_command(original, "x"))
+    assert words[:2] == ["specframe", "bench"]
+    assert parsed(*words[2:]).to_dict() == original.to_dict()

@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     from specframe.bench.runner import run_bench
 
     settings = settings_from_args(args)
-    _, report = run_bench(settings, args.out, progress=not args.no_progress, command=_command_line())
+    command = _command_line() or equivalent_command(settings, args.out)
+    _, report = run_bench(settings, args.out, progress=not args.no_progress, command=command)
     print(report)
     print(f"\nwrote {Path(args.out) / 'records.jsonl'}, summary.json and plots", file=sys.stderr)
     return 0
@@ -160,8 +161,47 @@ def _unescape(template: str | None) -> str | None:
     return template.replace("\\n", "\n").replace("\\t", "\t")
 
 
-def _command_line() -> str:
+def _command_line() -> str | None:
+    """The command as typed, when this process is the ``specframe bench`` command (not a Python caller)."""
     argv = list(sys.argv)
-    if argv and Path(argv[0]).name in ("specframe", "__main__.py", "cli.py"):
-        argv[0] = "specframe"
-    return shlex.join(argv)
+    if len(argv) < 2 or argv[1] != "bench":
+        return None
+    return shlex.join(["specframe", *argv[1:]])
+
+
+def equivalent_command(settings: BenchSettings, out: str) -> str:
+    """A ``specframe bench`` command line that reproduces ``settings`` (for runs started from Python)."""
+    acceptance = settings.acceptance if isinstance(settings.acceptance, dict) else {"name": settings.acceptance}
+    options: list[tuple[str, object]] = [
+        ("--model", settings.model),
+        ("--task", settings.task),
+        ("--task-file", settings.task_file),
+        ("--schedules", ",".join(settings.schedules)),
+        ("--widths", ",".join(map(str, settings.widths))),
+        ("--order", settings.order),
+        ("--acceptance", acceptance.get("name")),
+        ("--temperature", acceptance.get("temperature")),
+        ("--top-k", acceptance.get("top_k")),
+        ("--top-p", acceptance.get("top_p")),
+        ("--threshold", settings.threshold),
+        ("--max-new-tokens", settings.max_new_tokens),
+        ("--repeats", settings.repeats),
+        ("--seed", settings.seed),
+        ("--device", settings.device),
+        ("--dtype", settings.dtype),
+        ("--revision", settings.revision),
+        ("--prompt-template", settings.prompt_template),
+        ("--limit", settings.limit),
+        ("--shard", f"{settings.shard[0]}/{settings.shard[1]}" if settings.shard else None),
+        ("--warmup", settings.warmup),
+        ("--baseline", settings.baseline),
+        ("--out", out),
+    ]
+    words = ["specframe", "bench"]
+    for flag, value in options:
+        if value is not None:
+            words += [flag, str(value)]
+    words += ["--adapter"] * settings.adapter
+    for stop in settings.stop:
+        words += ["--stop", stop]
+    return shlex.join(words)

@@ -10,7 +10,7 @@ timed decoder loop) and appended to ``records.jsonl`` at once, so an interrupted
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +221,14 @@ def _generate_one(decoder: Decoder, example: Example, method: Method, settings: 
         raise SpecframeError(f"prompt {example.index} ({example.id}) with {method.label}: {exc}") from exc
 
 
-def _generate(todo, decoders, task: Task, settings: BenchSettings, model: ModelBackend, progress: bool):  # noqa: ANN001
+def _generate(
+    todo: list[tuple[Example, int, Method]],
+    decoders: Mapping[Method, Decoder],
+    task: Task,
+    settings: BenchSettings,
+    model: ModelBackend,
+    progress: bool,
+) -> Iterator[dict[str, Any]]:
     """Yield one record per pending (prompt, repeat, method), in the interleaved order of ``todo``."""
     from tqdm import tqdm
 
