@@ -154,3 +154,26 @@ def test_prompt_template_wraps_every_prompt(tmp_path, tiny_setdlm):
         run(tmp_path / "raw", tiny_setdlm, limit=1, schedules=["ar"], prompt_template=template)
     with pytest.raises(SpecframeError, match="must contain"):
         run(tmp_path / "bad", tiny_setdlm, prompt_template="no placeholder")
+
+
+def test_interrupted_by_the_user_then_resumed(tmp_path, tiny_setdlm, monkeypatch):
+    from specframe.bench.tasks.smoke import Smoke
+
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    run(full, tiny_setdlm)
+    calls = {"n": 0}
+    original = Smoke.grade
+
+    def grade_then_stop(self, example, response):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise KeyboardInterrupt
+        return original(self, example, response)
+
+    monkeypatch.setattr(Smoke, "grade", grade_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(cut, tiny_setdlm)
+    assert len(read_records(cut / "records.jsonl")) == 4
+    monkeypatch.setattr(Smoke, "grade", original)
+    run(cut, tiny_setdlm)
+    assert outputs(cut) == outputs(full)
