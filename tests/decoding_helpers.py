@@ -22,8 +22,14 @@ SETDLM = "setdlm"
 FAMILIES = (NEMOTRON, SETDLM)
 
 
-def tiny_model(family: str, folder: Path, *, vocab: int, seed: int, dtype: str = "float64") -> ModelBackend:
-    """A random model with ``vocab`` ids: the last is the mask token, the one before it EOS."""
+def tiny_model(
+    family: str, folder: Path, *, vocab: int, seed: int, dtype: str = "float64", logit_scale: float = 1.0
+) -> ModelBackend:
+    """A random model with ``vocab`` ids: the last is the mask token, the one before it EOS.
+
+    ``logit_scale`` multiplies the final norm's weight, so every logit scales by it (a flatter output
+    distribution for sampling tests; argmax unchanged).
+    """
     extra = {"bos_token_id": 1} if family == NEMOTRON else {}
     write_random_checkpoint(
         family,
@@ -38,6 +44,9 @@ def tiny_model(family: str, folder: Path, *, vocab: int, seed: int, dtype: str =
     )
     model = load_model(folder, dtype=dtype)
     model.eos_token_ids = (vocab - 2,)
+    if logit_scale != 1.0:
+        with torch.no_grad():
+            model.network.body.norm.weight.mul_(logit_scale)
     return model
 
 

@@ -128,10 +128,10 @@ class Decoder:
         limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {limit!r}")
-        if len(ids) + limit + 1 > self.model.max_positions:
+        if len(ids) + limit - 1 > self.model.max_positions:
             raise InputError(
                 f"prompt of {len(ids)} tokens plus max_new_tokens={limit} exceeds the model's context of "
-                f"{self.model.max_positions} positions; shorten the prompt or lower max_new_tokens"
+                f"{self.model.max_positions + 1} positions; shorten the prompt or lower max_new_tokens"
             )
         state = DecodeState(ids, limit, self._context(self.seed if seed is None else seed))
         metrics = self._run(state)
@@ -182,20 +182,29 @@ class Decoder:
             metrics.nfe += 1
             metrics.rows_per_call.append(call.num_rows)
             result = builder.read(call, logits)
+            verified = len(state.verifications)
             schedule.update(state, plan, result)
             state.calls += 1
-            self._commit(state, call, cache)
+            drafts_accepted = state.verifications[-1].accepted if len(state.verifications) > verified else 0
+            self._commit(state, call, cache, drafts_accepted)
         self._sync()
         metrics.wall_s = time.perf_counter() - started
         metrics.verifications = list(state.verifications)
         return metrics
 
     @staticmethod
-    def _commit(state: DecodeState, call: PhysicalCall, cache: KVCache) -> None:
-        """Keep the staged rows whose position ended up accepted with the token the row carries."""
+    def _commit(state: DecodeState, call: PhysicalCall, cache: KVCache, drafts_accepted: int) -> None:
+        """Keep the staged rows of pending tokens and accepted drafts, where the position kept that token.
+
+        The verifier's own token (a correction or bonus) is never committed from this call, even if a row
+        happens to carry the same token: it is processed as an input of the next call, as both families'
+        layouts expect (appendix D).
+        """
+        plan = call.plan
+        allowed = {p for p, _ in plan.pending} | set(plan.chain_positions[:drafts_accepted])
         rows, positions = [], []
         for position, (row, token) in call.commit_rows.items():
-            if state.is_resolved(position) and state.token_at(position) == token:
+            if position in allowed and state.is_resolved(position) and state.token_at(position) == token:
                 rows.append(row)
                 positions.append(position)
         cache.commit(rows, positions)

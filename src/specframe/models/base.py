@@ -46,7 +46,8 @@ class ModelBackend(ABC):
         mask_token_id: Id fed to mask (diffusion query) rows.
         eos_token_ids: Ids that end generation.
         bos_token_id: Id prepended to prompts by :meth:`encode_prompt`, or ``None``.
-        max_positions: Largest position id the model supports.
+        max_positions: Largest position id the model supports (``max_position_embeddings - 1``); every
+            position a call uses lies in the request's prompt and output span.
         num_layers: Transformer layers (for the KV cache).
         num_kv_heads: Key/value heads per layer.
         head_dim: Size of one attention head.
