@@ -52,12 +52,13 @@ class NemotronMaskBuilder(MaskBuilder):
 
     # -- layouts -----------------------------------------------------------------------------------------
     def _verifying(self, plan: CallPlan) -> PhysicalCall:
-        if not plan.pending:
+        pending = sorted(plan.pending)  # a left-to-right family processes clean tokens in textual order
+        if not pending:
             raise PlanError(
                 "Nemotron verifies with causal next-token rows: the token before the first verified position "
                 "must be a pending input, but the plan has no pending token"
             )
-        first = plan.pending[-1][0] + 1
+        first = pending[-1][0] + 1
         if tuple(plan.order) != tuple(range(first, first + len(plan.order))):
             raise PlanError(
                 f"Nemotron verifies left to right only: the verification order {list(plan.order)} must be the "
@@ -65,8 +66,8 @@ class NemotronMaskBuilder(MaskBuilder):
             )
         mask_id = self.model.mask_token_id
         table = RowTable()
-        tokens = [t for _, t in plan.pending] + list(plan.chain)
-        positions = [p for p, _ in plan.pending] + list(plan.chain_positions)
+        tokens = [t for _, t in pending] + list(plan.chain)
+        positions = [p for p, _ in pending] + list(plan.chain_positions)
         base = positions[0]
         if positions != list(range(base, base + len(positions))):
             raise PlanError(f"Nemotron's causal rows must be consecutive positions; got pending + chain at {positions}")
@@ -81,14 +82,14 @@ class NemotronMaskBuilder(MaskBuilder):
         commit = {
             p: (causal[i], t)
             for i, (p, t) in enumerate(zip(positions, tokens, strict=True))
-            if i < len(plan.pending) + len(plan.chain)
+            if i < len(pending) + len(plan.chain)
         }
         draft_rows = []
         for group in plan.drafts:
             if not group.targets:
                 draft_rows.append([])
-            elif packed and len(plan.pending) == 1:
-                seed_position, seed_token = plan.pending[0]
+            elif packed and len(pending) == 1:
+                seed_position, seed_token = pending[0]
                 block = table.add(
                     [seed_token] + [mask_id] * (group.targets[-1] - seed_position),
                     list(range(seed_position, group.targets[-1] + 1)),
@@ -97,7 +98,7 @@ class NemotronMaskBuilder(MaskBuilder):
                 )
                 draft_rows.append([block[t - seed_position] for t in group.targets])
             else:
-                draft_rows.append(self._branch(table, plan, group, causal))
+                draft_rows.append(self._branch(table, pending, group, causal))
         return table.call(
             plan,
             self.device,
@@ -107,12 +108,14 @@ class NemotronMaskBuilder(MaskBuilder):
             use_adapter=self.model.has_adapter,
         )
 
-    def _branch(self, table: RowTable, plan: CallPlan, group: DraftGroup, causal: range) -> list[int]:
+    def _branch(
+        self, table: RowTable, pending: list[tuple[int, int]], group: DraftGroup, causal: range
+    ) -> list[int]:
         """Masks that branch off the causal rows of the pending tokens and the first ``context`` chain tokens."""
         if not group.targets:
             return []
-        seen = len(plan.pending) + group.context
-        anchor = plan.pending[-1][0] + group.context
+        seen = len(pending) + group.context
+        anchor = pending[-1][0] + group.context
         if group.targets[0] <= anchor:
             raise PlanError(f"draft targets {list(group.targets)} must follow the group's context (position {anchor})")
         span = list(range(anchor + 1, group.targets[-1] + 1))
@@ -138,7 +141,7 @@ class NemotronMaskBuilder(MaskBuilder):
         start = targets[0]
         while start - 1 in pending and last - (start - 1) <= plan.width:
             start -= 1
-        before = [(p, t) for p, t in plan.pending if p < start]
+        before = sorted((p, t) for p, t in plan.pending if p < start)
         if any(p > last for p, _ in plan.pending):
             raise PlanError("pending tokens after the drafting block cannot be laid out")
         table = RowTable()

@@ -1,0 +1,99 @@
+"""The command line contract: `specframe plugins`, `specframe generate --json`, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specframe.cli import main
+from specframe.models.testing import write_random_checkpoint
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    return {
+        "nemotron": str(write_random_checkpoint("nemotron-labs-diffusion", root / "nemotron", seed=2)),
+        "setdlm": str(write_random_checkpoint("setdlm", root / "setdlm", seed=2)),
+    }
+
+
+def _run(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_plugins_prints_every_builtin_as_json(capsys):
+    code, out, _ = _run(capsys, "plugins")
+    entries = json.loads(out)
+    assert code == 0
+    assert all(set(e) == {"kind", "name", "plugin", "distribution"} for e in entries)
+    names = {(e["kind"], e["name"]) for e in entries}
+    for schedule in ("ar", "linear", "quadratic", "packed", "native"):
+        assert ("schedule", schedule) in names
+    assert ("model_backend", "setdlm") in names and ("order_policy", "confidence") in names
+
+
+@pytest.mark.parametrize("family", ["nemotron", "setdlm"])
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed", "native"])
+def test_generate_json_contract(capsys, checkpoints, family, schedule):
+    code, out, err = _run(
+        capsys, "generate", "def f(x):", "--model", checkpoints[family], "--schedule", schedule,
+        "--width", "3", "--max-new-tokens", "6", "--json",
+    )  # fmt: skip
+    assert code == 0, err
+    result = json.loads(out)
+    assert {"text", "prompt_ids", "output_ids", "metrics"} <= set(result)
+    metrics = result["metrics"]
+    for key in ("nfe", "generated_tokens", "tokens_per_nfe", "rows_per_call_max", "accept_lengths", "wall_s"):
+        assert key in metrics
+    assert metrics["model_s"] + metrics["non_model_s"] == pytest.approx(metrics["wall_s"], abs=1e-6)
+    assert metrics["generated_tokens"] == len(result["output_ids"]) <= 6
+    assert isinstance(result["text"], str) and result["prompt_ids"]
+
+
+def test_generate_with_prompt_ids_sampling_and_confidence_order(capsys, checkpoints):
+    args = ["generate", "--prompt-ids", "5,6,7", "--model", checkpoints["setdlm"], "--order", "confidence"]
+    args += ["--max-new-tokens", "8"]
+    code, out, err = _run(capsys, *args, "--temperature", "1.0", "--top-k", "5", "--seed", "3", "--json")
+    assert code == 0, err
+    first = json.loads(out)
+    assert first["prompt_ids"] == [5, 6, 7]
+    _, again, _ = _run(capsys, *args, "--temperature", "1.0", "--top-k", "5", "--seed", "3", "--json")
+    assert json.loads(again)["output_ids"] == first["output_ids"]  # a seed makes sampling reproducible
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--schedule", "pakced"], "unknown schedule 'pakced'; known schedules:"),
+        (["--width", "0"], "width must be >= 1"),
+        (["--order", "confidence"], "verifies left to right only"),
+        (["--acceptance", "greedy", "--temperature", "1"], "greedy acceptance takes no options"),
+        (["--threshold", "0.9"], "schedule 'packed' does not take option(s) 'threshold'"),
+        (["--device", "cuda:7"], "cuda"),
+        (["--dtype", "float8"], "float8"),
+    ],
+)
+def test_errors_are_one_line_without_traceback(capsys, checkpoints, args, message):
+    code, out, err = _run(capsys, "generate", "x", "--model", checkpoints["nemotron"], *args)
+    assert code != 0 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert message in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", "--prompt-ids", "1,x"], "--prompt-ids must be comma-separated integers"),
+        (["generate"], "no prompt"),
+        (["generate", "x", "--prompt-ids", "1"], "not both"),
+        (["generate", "x", "--model", "/no/such/folder"], "does not exist"),
+    ],
+)
+def test_input_errors_are_one_line(capsys, args, message):
+    code, _, err = _run(capsys, *args)
+    assert code != 0 and err.startswith("error: ") and err.count("\n") == 1
+    assert message in err
