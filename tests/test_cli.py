@@ -36,12 +36,12 @@ def test_plugins_prints_every_builtin_as_json(capsys):
     assert ("model_backend", "setdlm") in names and ("order_policy", "confidence") in names
 
 
-@pytest.mark.parametrize("family", ["nemotron", "setdlm"])
+@pytest.mark.parametrize(("family", "order"), [("nemotron", "ltr"), ("setdlm", "ltr"), ("setdlm", "confidence")])
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed", "native"])
-def test_generate_json_contract(capsys, checkpoints, family, schedule):
+def test_generate_json_contract(capsys, checkpoints, family, order, schedule):
     code, out, err = _run(
         capsys, "generate", "def f(x):", "--model", checkpoints[family], "--schedule", schedule,
-        "--width", "3", "--max-new-tokens", "6", "--json",
+        "--order", order, "--width", "3", "--max-new-tokens", "6", "--json",
     )  # fmt: skip
     assert code == 0, err
     result = json.loads(out)

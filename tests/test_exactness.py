@@ -157,3 +157,27 @@ def test_edge_cases_one_token_prompt_and_limit_below_width(models):
             for schedule in SPECULATIVE:
                 assert generate(models[family], schedule, [5], 3, width=8).output_ids == reference
                 assert generate(models[family], schedule, [5], 1, width=8).output_ids == reference[:1]
+
+
+def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
+    """Nemotron's LoRA applies to drafting rows only, so verification (and the output) stays the base model's."""
+    from specframe.models import load_model
+    from specframe.models.testing import write_random_checkpoint
+
+    folder = write_random_checkpoint(
+        NEMOTRON, tmp_path / "lora", seed=1, tokenizer=False, lora_rank=4, vocab_size=VOCAB,
+        mask_token_id=VOCAB - 1, eos_token_id=EOS, pad_token_id=EOS, bos_token_id=1,
+    )  # fmt: skip
+    base = load_model(folder, dtype="float64")
+    adapted = load_model(folder, dtype="float64", adapter=True)
+    assert adapted.has_adapter and not base.has_adapter
+    drafted_differently = False
+    for prompt in ([3, 4, 5], [7], [1, 2, 9, 12, 4]):
+        with eos_ids(base, ()), eos_ids(adapted, ()):
+            reference = generate(base, "ar", prompt, 16).output_ids
+            for schedule in SPECULATIVE:
+                with_adapter = generate(adapted, schedule, prompt, 16)
+                without = generate(base, schedule, prompt, 16)
+                assert with_adapter.output_ids == reference == without.output_ids
+                drafted_differently |= with_adapter.metrics.accept_lengths != without.metrics.accept_lengths
+    assert drafted_differently

@@ -31,6 +31,11 @@ class Proposals:
     probs: torch.Tensor | None = None
     ids: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        # One device-to-host copy per batch; reading single tokens from a GPU tensor would sync per token.
+        self.token_list: list[int] = self.tokens.tolist()
+        self.score_list: list[float] = self.scores.tolist()
+
     def dense(self, rows: torch.Tensor, vocab_size: int) -> torch.Tensor:
         """Dense ``[len(rows), V]`` distributions of the given rows."""
         if self.probs is None:
@@ -52,7 +57,7 @@ class DraftRef:
     @property
     def token(self) -> int:
         """The draft token id."""
-        return int(self.proposals.tokens[self.row])
+        return self.proposals.token_list[self.row]
 
 
 @dataclass(frozen=True)

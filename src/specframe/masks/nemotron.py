@@ -108,9 +108,7 @@ class NemotronMaskBuilder(MaskBuilder):
             use_adapter=self.model.has_adapter,
         )
 
-    def _branch(
-        self, table: RowTable, pending: list[tuple[int, int]], group: DraftGroup, causal: range
-    ) -> list[int]:
+    def _branch(self, table: RowTable, pending: list[tuple[int, int]], group: DraftGroup, causal: range) -> list[int]:
         """Masks that branch off the causal rows of the pending tokens and the first ``context`` chain tokens."""
         if not group.targets:
             return []

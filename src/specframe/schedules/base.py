@@ -138,7 +138,7 @@ def store_drafts(
         state.set_drafts({}, state.scores if keep_scores else {})
         return
     drafts = {p: DraftRef(proposals, i) for i, p in enumerate(targets)}
-    scores = state.scores if keep_scores else dict(zip(targets, proposals.scores.tolist(), strict=True))
+    scores = state.scores if keep_scores else dict(zip(targets, proposals.score_list, strict=True))
     state.set_drafts(drafts, scores)
 
 

@@ -66,8 +66,8 @@ class BlockDiffusionSchedule(Schedule):
 
 def commit_confident(state: DecodeState, targets: tuple[int, ...], proposals: Proposals, threshold: float) -> None:
     """Accept the most confident proposal and every proposal whose confidence reaches ``threshold``."""
-    scores = proposals.scores.tolist()
-    tokens = proposals.tokens.tolist()
+    scores = proposals.score_list
+    tokens = proposals.token_list
     best = max(range(len(targets)), key=lambda i: (scores[i], -i))
     chosen = [i for i in range(len(targets)) if i == best or scores[i] >= threshold]
     kept = state.accept([(targets[i], tokens[i]) for i in chosen])
