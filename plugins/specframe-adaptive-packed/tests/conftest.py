@@ -1,0 +1,30 @@
+"""Make sure the plugin is registered with specframe's process-wide plugin host, whatever loaded it."""
+
+from __future__ import annotations
+
+import pytest
+import specframe_adaptive_packed
+import torch
+
+from specframe.plugins import get_host, register_plugin, unregister_plugin
+
+
+@pytest.fixture(autouse=True)
+def adaptive_packed_registered():
+    """Register the plugin module unless its entry point already did (SPECFRAME_LOAD_PLUGINS may exclude it)."""
+    host = get_host()
+    if host.pm.is_registered(specframe_adaptive_packed):
+        yield
+        return
+    register_plugin(specframe_adaptive_packed, "adaptive_packed")
+    yield
+    unregister_plugin("adaptive_packed")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Tiny models run fastest on one thread; several threads on a busy machine are many times slower."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
