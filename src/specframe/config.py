@@ -180,7 +180,8 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
         **overrides: Fields that replace the config's.
 
     Raises:
-        ConfigError: A bad value, an unknown plugin name or bad plugin options.
+        ConfigError: A bad value, bad plugin options, or a combination the model family refuses.
+        UnknownPluginError: A plugin name that nothing registered (the message lists the known names).
         CheckpointError: The model cannot be loaded.
     """
     if config is None:
