@@ -118,8 +118,8 @@ def summarize(
         confidence: Interval coverage.
 
     Returns:
-        ``{"prompts", "incomplete_prompts", "responses_per_method", "baseline", "bootstrap", "methods",
-        "comparisons"}``; ``methods`` and ``comparisons`` are lists of flat dicts.
+        A dict with the keys ``prompts``, ``incomplete_prompts``, ``responses_per_method``, ``baseline``,
+        ``bootstrap``, ``methods`` and ``comparisons``; ``methods`` and ``comparisons`` are lists of flat dicts.
     """
     prompts = complete_prompts(records, methods, repeats)
     all_prompts = {int(r["prompt_index"]) for r in records}
