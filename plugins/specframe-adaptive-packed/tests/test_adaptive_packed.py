@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -93,6 +94,73 @@ def test_eos_and_stop_sequences_end_the_output_like_ar(models):
         ours = compose({**kwargs, "schedule": "adaptive-packed"}).generate(prompt_ids=[3, 5, 7])
         assert ours.output_ids == ar.output_ids
         assert ours.stop_reason == ar.stop_reason == "stop_sequence"
+
+
+SAMPLING_VOCAB = 6  # ids 0-3 ordinary, 4 EOS, 5 mask
+SAMPLING_PROMPT = [0, 1, 2, 3, 1]
+SAMPLING_LENGTH = 3
+
+
+def ar_distribution(model, warp) -> dict[tuple[int, ...], float]:
+    """Probability of every continuation under plain AR sampling, from cache-free causal recomputations."""
+    out: dict[tuple[int, ...], float] = {}
+
+    def expand(prefix: tuple[int, ...], mass: float) -> None:
+        if len(prefix) == SAMPLING_LENGTH or (prefix and prefix[-1] in model.eos_token_ids):
+            out[prefix] = out.get(prefix, 0.0) + mass
+            return
+        tokens = SAMPLING_PROMPT + list(prefix)
+        rows = len(tokens)
+        logits = model.forward(
+            model.new_cache(rows),
+            torch.tensor(tokens),
+            torch.arange(rows),
+            torch.ones(rows, rows, dtype=torch.bool).tril(),
+            torch.tensor([rows - 1]),
+        )
+        for token, p in enumerate(warp.probs(logits)[0].tolist()):
+            if p > 0:
+                expand((*prefix, token), mass * p)
+
+    expand((), 1.0)
+    return out
+
+
+def test_sampling_follows_the_ar_distribution(tmp_path):
+    from scipy import stats
+
+    from specframe.acceptance.rejection import SamplingWarp
+
+    write_random_checkpoint(
+        NEMOTRON,
+        tmp_path,
+        seed=4,
+        tokenizer=False,
+        vocab_size=SAMPLING_VOCAB,
+        mask_token_id=5,
+        eos_token_id=4,
+        pad_token_id=4,
+        bos_token_id=1,
+    )
+    model = load_model(tmp_path, dtype="float64")
+    with torch.no_grad():
+        model.network.body.norm.weight.mul_(0.3)  # flatter outputs: many continuations, many accepted drafts
+    exact = ar_distribution(model, SamplingWarp(temperature=1.0))
+    schedule = {"name": "adaptive-packed", "min_width": 1, "patience": 1, "cooldown": 1}
+    decoder = compose(
+        {"model": model, "schedule": schedule, "acceptance": "rejection", "width": 3, "max_new_tokens": 3}
+    )
+    samples = 2000
+    counts = Counter(
+        tuple(decoder.generate(prompt_ids=SAMPLING_PROMPT, seed=seed).output_ids) for seed in range(samples)
+    )
+    assert set(counts) <= set(exact)
+    frequent = [outcome for outcome, p in exact.items() if p * samples >= 5]
+    assert len(frequent) >= 4
+    observed = [counts[outcome] for outcome in frequent] + [samples - sum(counts[o] for o in frequent)]
+    expected = [exact[outcome] * samples for outcome in frequent]
+    expected.append(samples - sum(expected))
+    assert stats.chisquare(observed, expected).pvalue > 1e-4  # seeds are fixed: deterministic
 
 
 def test_options_are_validated_and_described(models):
