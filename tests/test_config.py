@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from decoding_helpers import NEMOTRON, SETDLM, eos_ids, generate, tiny_model
 
+from decoding_helpers import NEMOTRON, SETDLM, eos_ids, generate, tiny_model
 from specframe import DecoderConfig, compose
 from specframe.errors import ConfigError, InputError, UnknownPluginError
 
@@ -49,7 +49,9 @@ def test_unknown_plugins_list_the_known_ones(models):
 
 
 def test_plugin_options_are_validated_against_the_factory(models):
-    with pytest.raises(ConfigError, match=r"schedule 'packed' does not take option\(s\) 'threshold'; it takes: no options"):
+    with pytest.raises(
+        ConfigError, match=r"schedule 'packed' does not take option\(s\) 'threshold'; it takes: no options"
+    ):
         compose({"model": models[NEMOTRON], "schedule": {"name": "packed", "threshold": 0.5}})
     with pytest.raises(ConfigError, match="greedy acceptance takes no options.*belong to the 'rejection' rule"):
         compose({"model": models[NEMOTRON], "acceptance": {"name": "greedy", "temperature": 1.0}})

@@ -7,6 +7,7 @@ SetDLM maxima at W = 8 / 16: Linear-SS 25 / 49 (over its two calls), Quadratic-S
 from __future__ import annotations
 
 import pytest
+
 from decoding_helpers import NEMOTRON, SETDLM, eos_ids, generate, tiny_model
 
 PROMPT = [3, 5, 7, 9, 11, 2]

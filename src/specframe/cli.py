@@ -12,6 +12,7 @@ Errors exit non-zero with a one-line message and no traceback (set ``SPECFRAME_D
 from __future__ import annotations
 
 import argparse
+import codecs
 import importlib
 import json
 import os
@@ -98,7 +99,11 @@ def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = Tru
     parser.add_argument("--revision", help="Hub revision of --model")
     parser.add_argument("--adapter", action="store_true", help="use the model's proposal-only LoRA adapter")
     parser.add_argument(
-        "--stop", action="append", default=[], help="stop string (repeatable); ends output once fully accepted"
+        "--stop",
+        action="append",
+        default=[],
+        help="stop string (repeatable; backslash escapes such as \\n are interpreted); ends the output once "
+        "all its tokens are accepted",
     )
 
 
@@ -126,7 +131,7 @@ def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> 
         "dtype": args.dtype,
         "revision": args.revision,
         "adapter": args.adapter,
-        "stop": list(args.stop),
+        "stop": [codecs.decode(s, "unicode_escape") for s in args.stop],
     }
 
 

@@ -32,7 +32,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bench",
         help="run schedules side by side on a task; paired bootstrap report",
         description="Run several schedules on the same prompts, interleaved, and report speed, accuracy and "
-        "acceptance with paired 95%% bootstrap intervals against a baseline. `specframe bench merge DIR... "
+        "acceptance with paired 95% bootstrap intervals against a baseline. `specframe bench merge DIR... "
         "--out DIR` combines shards.",
     )
     add_decoder_options(parser, schedule=False)

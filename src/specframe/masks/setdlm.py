@@ -15,7 +15,8 @@ is laid out as four regions::
 
 Masks never see other masks and clean tokens never see masks. Verification may follow any order, and the
 verifier scores only positions of the window (no free bonus). With a chain, ``O`` and ``M`` cover the whole
-window, so Packed-SS and Linear-SS use ``p + 3u`` rows and Quadratic-SS ``p + 2u + u^2`` (Table 2).
+window, so a Packed-SS call has ``p + 3u`` rows, a Linear-SS iteration ``p + 3u`` over its two calls
+(``p + u`` drafting, ``2u`` verifying) and a Quadratic-SS call ``p + 2u + u^2`` (Table 2).
 """
 
 from __future__ import annotations

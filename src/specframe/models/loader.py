@@ -50,7 +50,10 @@ def load_model(
     options: dict[str, object] = {"device": device, "dtype": dtype, "revision": revision}
     if adapter is not False:
         if "adapter" not in inspect.signature(entry.factory).parameters:
-            raise ConfigError(f"model family {entry.name!r} has no proposal-only adapter; load with adapter=False")
+            raise ConfigError(
+                f"model family {entry.name!r} has no proposal-only adapter; drop adapter=True (--adapter on the "
+                "command line)"
+            )
         options["adapter"] = adapter
     model: ModelBackend = entry.factory(folder, **options)
     model.name = os.fspath(source) if source is not None else str(folder)

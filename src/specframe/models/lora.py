@@ -68,7 +68,7 @@ def attach_lora(
     """
     if not folder.is_dir():
         raise CheckpointError(
-            f"no adapter folder {folder}; this checkpoint ships no proposal-only LoRA (load with adapter=False)"
+            f"no adapter folder {folder}; this checkpoint ships no proposal-only LoRA (drop adapter=True / --adapter)"
         )
     rank, scale = adapter_scale(read_json(folder / "adapter_config.json", "adapter config"), str(folder))
     pattern = re.compile(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from specframe.acceptance.base import DraftRef, Proposals, Verdict
 from specframe.plan import CallPlan, CallResult
-from specframe.state import DecodeContext, DecodeState
+from specframe.state import DecodeState
 
 
 class Schedule(ABC):
@@ -20,9 +20,6 @@ class Schedule(ABC):
 
     #: Registered name (for metrics and error messages).
     name: str = ""
-
-    def check(self, ctx: DecodeContext) -> None:  # noqa: B027 - optional hook with a no-op default
-        """Raise :class:`~specframe.errors.ConfigError` if this schedule cannot run with ``ctx``."""
 
     @abstractmethod
     def plan(self, state: DecodeState) -> CallPlan:
