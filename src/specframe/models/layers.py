@@ -3,6 +3,9 @@
 Every layer works on the rows of one call, shaped ``[R, ...]`` (no batch axis): a call evaluates R new rows
 against the keys and values already in the :class:`~specframe.models.cache.KVCache`. Rotary embeddings are
 computed from each row's own position id, so rows may carry arbitrary, scattered or repeated positions.
+
+Training (:mod:`specframe.training`) drives the same modules without a cache: rows are then batched,
+``[B, T, ...]``, and attend among themselves under a ``[B, T, T]`` mask (see :class:`CallContext`).
 """
 
 from __future__ import annotations
@@ -148,8 +151,8 @@ class RotaryEmbedding:
         self.dtype = dtype
 
     def __call__(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(cos, sin)``, each ``[R, dim]``, for ``[R]`` position ids."""
-        angles = positions.to(self.angle_dtype)[:, None] * self.inv_freq[None, :]
+        """``(cos, sin)``, each ``[..., dim]``, for position ids shaped ``[...]`` (``[R]`` or ``[B, T]``)."""
+        angles = positions.to(self.angle_dtype)[..., None] * self.inv_freq
         angles = torch.cat([angles, angles], dim=-1)
         cos = (angles.cos() * self.attention_factor).to(self.dtype)
         sin = (angles.sin() * self.attention_factor).to(self.dtype)
@@ -157,10 +160,10 @@ class RotaryEmbedding:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` (``[R, heads, dim]``) by per-row angles, pairing dimension ``i`` with ``i + dim/2``."""
+    """Rotate ``x`` (``[..., heads, dim]``) by per-row angles, pairing dimension ``i`` with ``i + dim/2``."""
     first, second = x.chunk(2, dim=-1)
     rotated = torch.cat([-second, first], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    return x * cos[..., None, :] + rotated * sin[..., None, :]
 
 
 def llama4_query_scale(positions: torch.Tensor, beta: float, length: int, dtype: torch.dtype) -> torch.Tensor:
@@ -173,8 +176,12 @@ def llama4_query_scale(positions: torch.Tensor, beta: float, length: int, dtype:
 class CallContext:
     """Per-call tensors shared by every layer.
 
+    Without a cache (training), the rows are batched as ``[B, T]`` and attend only among themselves: ``cos``
+    and ``sin`` are then ``[B, T, head_dim]``, ``mask`` is ``[B, T, T]`` and ``query_scale`` ``[B, T]``.
+
     Attributes:
-        cache: The request's KV cache (already reserved for the call's rows).
+        cache: The request's KV cache (already reserved for the call's rows), or ``None`` for a cache-free
+            batched forward.
         cos: ``[R, head_dim]`` rotary cosines.
         sin: ``[R, head_dim]`` rotary sines.
         mask: ``[R, cached + R]`` boolean attention mask (True = may attend).
@@ -182,7 +189,7 @@ class CallContext:
         adapter_rows: ``[R]`` boolean rows that get low-rank adapters, or ``None``.
     """
 
-    cache: KVCache
+    cache: KVCache | None
     cos: torch.Tensor
     sin: torch.Tensor
     mask: torch.Tensor
@@ -229,15 +236,20 @@ class Attention(nn.Module):
         self.o_lora: LowRankUpdate | None = None
 
     def forward(self, x: torch.Tensor, ctx: CallContext, layer: int) -> torch.Tensor:
-        """Attend from the rows ``x`` (``[R, hidden]``); stages their keys/values in layer ``layer`` of the cache."""
-        q = rearrange(self.q_proj(x), "r (h d) -> r h d", d=self.head_dim)
-        k = rearrange(self.k_proj(x), "r (h d) -> r h d", d=self.head_dim)
-        v = rearrange(self.v_proj(x), "r (h d) -> r h d", d=self.head_dim)
+        """Attend from the rows ``x`` (``[R, hidden]``); stages their keys/values in layer ``layer`` of the cache.
+
+        Without a cache in ``ctx``, ``x`` is a batch ``[B, T, hidden]`` whose rows attend among themselves.
+        """
+        q = rearrange(self.q_proj(x), "... (h d) -> ... h d", d=self.head_dim)
+        k = rearrange(self.k_proj(x), "... (h d) -> ... h d", d=self.head_dim)
+        v = rearrange(self.v_proj(x), "... (h d) -> ... h d", d=self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
         if ctx.query_scale is not None:
-            q = q * ctx.query_scale[:, None, None]
+            q = q * ctx.query_scale[..., None, None]
+        if ctx.cache is None:
+            return self.o_proj(self._batched(q, k, v, ctx.mask))
         keys, values = ctx.cache.write(layer, k, v)
         out = F.scaled_dot_product_attention(
             rearrange(q, "r h d -> 1 h r d"),
@@ -251,6 +263,17 @@ class Attention(nn.Module):
         if self.o_lora is not None and ctx.adapter_rows is not None:
             projected = torch.where(ctx.adapter_rows[:, None], projected + self.o_lora(out), projected)
         return projected
+
+    def _batched(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Cache-free attention of ``[B, T, heads, dim]`` rows under a ``[B, T, T]`` mask (training)."""
+        out = F.scaled_dot_product_attention(
+            rearrange(q, "b t h d -> b h t d"),
+            rearrange(k, "b t h d -> b h t d"),
+            rearrange(v, "b t h d -> b h t d"),
+            attn_mask=mask[:, None],
+            enable_gqa=self.num_heads != self.num_kv_heads,
+        )
+        return rearrange(out, "b h t d -> b t (h d)")
 
 
 class SwiGLU(nn.Module):

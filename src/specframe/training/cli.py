@@ -1,0 +1,73 @@
+"""``specframe train``: train a small model of either family on the standard library, on a CPU.
+
+Examples::
+
+    specframe train nemotron --work-dir runs/nemotron --threads 2
+    specframe train setdlm --work-dir runs/setdlm --ship src/specframe/assets/models/setdlm-stdlib-tiny
+
+A run resumes from its work folder's last saved state when restarted with the same settings. Without
+``--ship`` the checkpoint stays in ``WORK_DIR/hub``, loadable with ``specframe generate --model WORK_DIR/hub``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from specframe.errors import ConfigError
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``specframe train`` to the CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "train",
+        help="train a small tri-mode model on the standard-library source (CPU)",
+        description="Train a small Nemotron-Labs-Diffusion-style or SetDLM-style model on the CPython "
+        "standard-library source, with its own BPE tokenizer, and write it in the family's Hub layout.",
+    )
+    parser.add_argument("family", help="nemotron-labs-diffusion (or nemotron), or setdlm")
+    parser.add_argument("--work-dir", required=True, type=Path, help="run folder (resumed when it exists)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (default: the shipped model's)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help='change a training setting, e.g. hidden_size=128 or objective={"span": 8} (JSON values)',
+    )
+    parser.add_argument("--ship", type=Path, help="copy the finished checkpoint to this model folder")
+    parser.add_argument("--records", type=Path, help="copy the run's summary and log to this folder (docs)")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``specframe train``."""
+    from specframe.training.trainer import preset, ship, train
+
+    overrides = dict(_setting(item) for item in args.set)
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    try:
+        config = preset(args.family, **overrides)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"specframe train: {exc}") from exc
+    summary = train(config, args.work_dir, threads=args.threads, log=lambda line: print(line, flush=True))
+    if args.ship is not None:
+        ship(args.work_dir, args.ship, args.records)
+        print(f"shipped to {args.ship}", flush=True)
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
+    return 0
+
+
+def _setting(item: str) -> tuple[str, Any]:
+    name, sep, text = item.partition("=")
+    if not sep or not name:
+        raise ConfigError(f"--set expects FIELD=VALUE, got {item!r}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        value = text
+    return name.strip(), value

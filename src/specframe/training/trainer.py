@@ -1,0 +1,524 @@
+"""Training a small model of either family on the standard-library corpus, resumably, and exporting it.
+
+A run lives in a work folder::
+
+    work/
+      hub/            the checkpoint in the family's Hub layout (config.json, model.safetensors, tokenizer.json)
+      data.pt         the tokenized corpus (training stream, held-out documents and their file names)
+      state.pt        the latest training state (weights, optimizer, step, random state), for resuming
+      log.jsonl       one record per logged step and per evaluation
+      summary.json    sizes, wall time and held-out perplexity of the finished run
+
+``config.json`` and the key names come from :func:`~specframe.models.testing.write_random_checkpoint` (the
+family's real field names), the network is built from that config by the family's own parser, and the
+trained weights are written over the random ones with :func:`~specframe.models.testing.write_tensors`, so
+:func:`specframe.models.load_model` reads the result like any Hub checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specframe.models import nemotron, setdlm
+from specframe.models.state import KeyLayout
+from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint, write_tensors
+from specframe.models.tokenizer import HubTokenizer
+from specframe.models.transformer import DecoderConfig, DecoderNetwork, SpecialTokens
+from specframe.training.corpus import corpus_files, encode_documents, split_files, spread_windows, train_tokenizer
+from specframe.training.forward import TrainingForward
+from specframe.training.objectives import AnyOrderObjective, Batch, BlockDiffusionObjective, batch_losses
+
+SETDLM_LAYOUT = KeyLayout(renames=(("backbone.model.model.", "body."), ("backbone.model.lm_head.", "head.")))
+FAMILY_ALIASES = {"nemotron": NEMOTRON, NEMOTRON: NEMOTRON, "setdlm": SETDLM}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that determines a training run.
+
+    Attributes:
+        family: ``"nemotron-labs-diffusion"`` or ``"setdlm"``.
+        vocab_size: Tokenizer and embedding size, special tokens included.
+        hidden_size: Model width.
+        num_hidden_layers: Transformer blocks.
+        intermediate_size: SwiGLU width.
+        num_attention_heads: Query heads.
+        num_key_value_heads: Key/value heads.
+        head_dim: Head size.
+        max_position_embeddings: Context the config declares (inference may run past the training windows).
+        rope_theta: RoPE base.
+        seq_len: Tokens per training window.
+        batch_size: Windows per step.
+        steps: Optimizer steps.
+        lr: Peak learning rate (linear warm-up, cosine decay to ``lr * min_lr_ratio``).
+        min_lr_ratio: Final learning rate as a share of the peak.
+        warmup: Warm-up steps.
+        weight_decay: AdamW weight decay of matrices (not of norms).
+        grad_clip: Gradient-norm clip.
+        seed: Seed of initialisation and sampling.
+        bf16: Run matrix products in bfloat16 autocast (weights and optimizer stay float32).
+        eval_every: Steps between held-out evaluations.
+        eval_windows: Held-out windows per periodic evaluation.
+        save_every: Steps between saved training states.
+        log_every: Steps between log records.
+        objective: Options of the family's objective (see :mod:`specframe.training.objectives`).
+    """
+
+    family: str
+    vocab_size: int = 2048
+    hidden_size: int = 256
+    num_hidden_layers: int = 4
+    intermediate_size: int = 768
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 64
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    seq_len: int = 256
+    batch_size: int = 16
+    steps: int = 1200
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    seed: int = 0
+    bf16: bool = True
+    eval_every: int = 100
+    eval_windows: int = 32
+    save_every: int = 50
+    log_every: int = 10
+    objective: dict[str, Any] = field(default_factory=dict)
+
+    def hub_fields(self) -> dict[str, Any]:
+        """The model-size fields of ``config.json``."""
+        return {
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "intermediate_size": self.intermediate_size,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "max_position_embeddings": self.max_position_embeddings,
+            "torch_dtype": "bfloat16",
+        }
+
+
+# The shipped models (scripts/train_bundled.sh): each trains in under 30 minutes on 2 CPU cores. Their folder
+# names under specframe/assets/models; the Nemotron one is the default model (specframe.models.hub.DEFAULT_MODEL).
+BUNDLED = {NEMOTRON: "nemotron-stdlib-tiny", SETDLM: "setdlm-stdlib-tiny"}
+PRESETS = {
+    NEMOTRON: TrainConfig(
+        family=NEMOTRON, vocab_size=1024, steps=1300, objective={"seed_prob": 0.85, "full_mask_prob": 0.85}
+    ),
+    SETDLM: TrainConfig(family=SETDLM, objective={"ltr_prob": 0.5}),
+}
+
+
+def family_name(name: str) -> str:
+    """The canonical family name of ``name`` (``nemotron`` is short for ``nemotron-labs-diffusion``).
+
+    Raises:
+        ValueError: For an unknown family.
+    """
+    try:
+        return FAMILY_ALIASES[name]
+    except KeyError:
+        raise ValueError(f"unknown family {name!r}; use one of {sorted(FAMILY_ALIASES)}") from None
+
+
+# -- corpus --------------------------------------------------------------------------------------------------
+@dataclass
+class Corpus:
+    """A tokenized corpus.
+
+    Attributes:
+        train: The training documents concatenated (int32).
+        heldout: Held-out documents, one tensor each.
+        heldout_files: Their paths relative to the standard library.
+    """
+
+    train: torch.Tensor
+    heldout: list[torch.Tensor]
+    heldout_files: list[str]
+
+    def windows(self, length: int, count: int | None = None) -> torch.Tensor:
+        """Non-overlapping ``[N, length]`` held-out windows from the concatenated held-out documents.
+
+        With ``count``, ``count`` windows spread evenly over the held-out text (deterministic).
+        """
+        return spread_windows(torch.cat(self.heldout), length, count)
+
+
+def _special_ids(family: str, tokenizer: HubTokenizer) -> dict[str, int]:
+    if family == NEMOTRON:
+        return {"bos_token_id": 1, "eos_token_id": 11, "mask_token_id": 100, "pad_token_id": 11}
+    ids = {name: tokenizer.token_to_id(token) for name, token in setdlm_specials().items()}
+    return {k: v for k, v in ids.items() if v is not None}
+
+
+def setdlm_specials() -> dict[str, str]:
+    """SetDLM's special tokens by config field."""
+    return {"mask_token_id": setdlm.MASK_TOKEN, "pad_token_id": setdlm.PAD_TOKEN}
+
+
+def prepare(config: TrainConfig, work: Path, log: Callable[[str], None] = print) -> tuple[Path, Corpus]:
+    """Write the Hub folder's config.json and tokenizer.json and tokenize the corpus (once per work folder).
+
+    Returns:
+        The Hub folder and the tokenized corpus.
+    """
+    hub = work / "hub"
+    data_path = work / "data.pt"
+    if (hub / "tokenizer.json").is_file() and data_path.is_file():
+        data = torch.load(data_path, weights_only=True)
+        return hub, Corpus(data["train"], data["heldout"], data["heldout_files"])
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    train_files, heldout_files = split_files(corpus_files())
+    tokenizer = train_tokenizer(config.family, [f.text for f in train_files], config.vocab_size)
+    hub.mkdir(parents=True, exist_ok=True)
+    (hub / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")
+    ids = _special_ids(config.family, HubTokenizer(tokenizer))
+    _write_config(config, hub, ids)
+    if config.family == NEMOTRON:
+        bos, eos = ids["bos_token_id"], ids["eos_token_id"]
+    else:
+        bos, eos = None, ids["pad_token_id"]  # <|endoftext|> separates documents
+    train = encode_documents(tokenizer, [f.text for f in train_files], bos=bos, eos=eos)
+    heldout = encode_documents(tokenizer, [f.text for f in heldout_files], bos=bos, eos=eos)
+    corpus = Corpus(torch.cat(train), heldout, [f.relative for f in heldout_files])
+    torch.save({"train": corpus.train, "heldout": corpus.heldout, "heldout_files": corpus.heldout_files}, data_path)
+    log(
+        f"corpus: {len(train_files)} training files ({corpus.train.numel()} tokens), {len(heldout_files)} held-out "
+        f"files ({sum(d.numel() for d in heldout)} tokens); tokenizer and corpus in "
+        f"{time.perf_counter() - started:.0f}s"
+    )
+    return hub, corpus
+
+
+def _write_config(config: TrainConfig, hub: Path, ids: dict[str, int]) -> None:
+    """config.json (and placeholder random weights) in the family's Hub layout."""
+    fields = config.hub_fields()
+    if config.family == NEMOTRON:
+        rope = {
+            "rope_theta": config.rope_theta,
+            "factor": 4.0,
+            "original_max_position_embeddings": config.max_position_embeddings // 4,
+        }
+        block = config.objective.get("max_block", BlockDiffusionObjective.max_block) - 1
+        write_random_checkpoint(NEMOTRON, hub, tokenizer=False, rope_parameters=rope, block_size=block, **fields, **ids)
+        return
+    write_random_checkpoint(SETDLM, hub, tokenizer=False, rope_theta=config.rope_theta, **fields, **ids)
+    path = hub / "config.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    raw["torch_dtype"] = "bfloat16"
+    path.write_text(json.dumps(raw, indent=2), encoding="utf-8")
+
+
+def network_config(family: str, hub: Path) -> tuple[DecoderConfig, SpecialTokens]:
+    """The network settings and special ids the family's loader reads from ``hub``."""
+    raw = json.loads((hub / "config.json").read_text(encoding="utf-8"))
+    if family == NEMOTRON:
+        return nemotron.parse_config(raw, str(hub / "config.json"))
+    tokenizer = HubTokenizer.from_file(hub / "tokenizer.json")
+    return setdlm.parse_config(raw, hub), setdlm.special_tokens(raw, tokenizer, str(hub))
+
+
+def key_layout(family: str) -> KeyLayout:
+    """How the family's Hub tensor names map to the network's parameter names."""
+    return nemotron.LAYOUT if family == NEMOTRON else SETDLM_LAYOUT
+
+
+def objective_for(config: TrainConfig, special: SpecialTokens) -> BlockDiffusionObjective | AnyOrderObjective:
+    """The family's training objective."""
+    if config.family == NEMOTRON:
+        return BlockDiffusionObjective(mask_id=special.mask, **config.objective)
+    return AnyOrderObjective(mask_id=special.mask, **config.objective)
+
+
+# -- model ---------------------------------------------------------------------------------------------------
+def init_network(network: DecoderNetwork, seed: int) -> None:
+    """GPT-2-style initialisation: N(0, 0.02), residual outputs scaled by ``1/sqrt(2 * layers)``, norms 1."""
+    generator = torch.Generator().manual_seed(seed)
+    residual = 0.02 / math.sqrt(2 * len(network.body.layers))
+    with torch.no_grad():
+        for name, parameter in network.named_parameters():
+            if parameter.dim() == 1:
+                parameter.fill_(1.0)
+            else:
+                std = residual if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * std)
+
+
+def hub_tensors(network: DecoderNetwork, family: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+    """The network's weights under the family's Hub tensor names, in ``dtype``."""
+    layout = key_layout(family)
+    return {layout.to_checkpoint(name): t.detach().to(dtype) for name, t in network.state_dict().items()}
+
+
+def learning_rate(config: TrainConfig, step: int) -> float:
+    """Linear warm-up then cosine decay."""
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = min((step - config.warmup) / max(config.steps - config.warmup, 1), 1.0)
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def optimizer_for(network: DecoderNetwork, config: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only."""
+    matrices = [p for p in network.parameters() if p.dim() > 1]
+    vectors = [p for p in network.parameters() if p.dim() <= 1]
+    groups = [{"params": matrices, "weight_decay": config.weight_decay}, {"params": vectors, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def run_batch(forward: TrainingForward, batch: Batch, bf16: bool) -> tuple[torch.Tensor, dict[str, float]]:
+    """Total loss and per-term means of one batch."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = forward.logits(batch.input_ids, batch.position_ids, batch.mask, batch.loss_rows)
+    return batch_losses(logits, batch)
+
+
+@torch.no_grad()
+def heldout_loss(
+    forward: TrainingForward,
+    objective: BlockDiffusionObjective | AnyOrderObjective,
+    windows: torch.Tensor,
+    *,
+    batch_size: int = 16,
+    bf16: bool = False,
+) -> float:
+    """Mean held-out next-token (AR) cross-entropy in nats per token over ``windows``."""
+    total, count = 0.0, 0
+    for start in range(0, windows.shape[0], batch_size):
+        batch = objective.heldout(windows[start : start + batch_size])
+        loss, _ = run_batch(forward, batch, bf16)
+        rows = int(batch.loss_rows.sum())
+        total, count = total + float(loss) * rows, count + rows
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def heldout_objective(
+    forward: TrainingForward,
+    objective: BlockDiffusionObjective | AnyOrderObjective,
+    windows: torch.Tensor,
+    seed: int,
+    bf16: bool,
+) -> dict[str, float]:
+    """The training objective's terms on held-out windows (fixed noise)."""
+    generator = torch.Generator().manual_seed(seed)
+    _, terms = run_batch(forward, objective.batch(windows, generator), bf16)
+    return terms
+
+
+# -- the loop ------------------------------------------------------------------------------------------------
+def train(
+    config: TrainConfig, work: Path, *, threads: int | None = None, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Train (or resume training) in ``work`` and export the Hub folder; returns the run's summary.
+
+    A run resumes from ``work/state.pt`` when its settings match the saved ones; only ``steps`` may differ
+    (a longer run continues on the new learning-rate schedule).
+
+    Args:
+        config: The run's settings (a resumed run must use the same ones).
+        work: The work folder (see the module docstring).
+        threads: ``torch.set_num_threads`` (default: leave torch's choice).
+        log: Where progress lines go.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    work.mkdir(parents=True, exist_ok=True)
+    settings_path = work / "train_config.json"
+    if settings_path.is_file() and (work / "state.pt").is_file():
+        saved = json.loads(settings_path.read_text(encoding="utf-8"))
+        saved.pop("steps", None)
+        if saved != {k: v for k, v in asdict(config).items() if k != "steps"}:
+            raise ValueError(f"{work} holds a run with other settings ({settings_path}); use a new work folder")
+    settings_path.write_text(json.dumps(asdict(config), indent=2), encoding="utf-8")
+    hub, corpus = prepare(config, work, log)
+    net_config, special = network_config(config.family, hub)
+    network = DecoderNetwork(net_config)
+    init_network(network, config.seed)
+    forward = TrainingForward(network)
+    objective = objective_for(config, special)
+    optimizer = optimizer_for(network, config)
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    step, elapsed = 0, 0.0
+    state_path = work / "state.pt"
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        network.load_state_dict(state["network"])
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        step, elapsed = state["step"], state["elapsed"]
+        log(f"resumed at step {step} ({elapsed:.0f}s trained)")
+    params = sum(p.numel() for p in network.parameters())
+    log(
+        f"{config.family}: {params / 1e6:.2f}M parameters, {config.steps} steps of {config.batch_size}x{config.seq_len}"
+    )
+    eval_windows = corpus.windows(config.seq_len, config.eval_windows)
+    log_path = work / "log.jsonl"
+    train_tokens = corpus.train
+
+    def record(entry: dict[str, Any]) -> None:
+        with log_path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(entry) + "\n")
+
+    record({"start": True, "step": step, "elapsed": elapsed, "threads": torch.get_num_threads()})
+
+    def save() -> None:
+        state = {
+            "network": network.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "generator": generator.get_state(),
+            "step": step,
+            "elapsed": elapsed,
+        }
+        torch.save(state, work / "state.tmp")
+        (work / "state.tmp").replace(state_path)
+
+    def evaluate() -> None:
+        network.eval()
+        ar = heldout_loss(forward, objective, eval_windows, bf16=config.bf16)
+        terms = heldout_objective(forward, objective, eval_windows[:16], config.seed, config.bf16)
+        network.train()
+        record({"eval": True, "step": step, "elapsed": elapsed, "heldout_ar_loss": ar, "heldout_terms": terms})
+        log(f"step {step}: held-out AR loss {ar:.3f} (ppl {math.exp(ar):.2f}), objective {_fmt(terms)}")
+
+    network.train()
+    while step < config.steps:
+        started = time.perf_counter()
+        offsets = torch.randint(0, train_tokens.numel() - config.seq_len, (config.batch_size,), generator=generator)
+        windows = torch.stack([train_tokens[o : o + config.seq_len] for o in offsets.tolist()])
+        lr = learning_rate(config, step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        loss, terms = run_batch(forward, objective.batch(windows, generator), config.bf16)
+        value = float(loss.detach())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip))
+        optimizer.step()
+        step += 1
+        elapsed += time.perf_counter() - started
+        if step % config.log_every == 0 or step == 1:
+            record({"step": step, "elapsed": elapsed, "lr": lr, "loss": value, "grad_norm": grad_norm, **terms})
+            log(f"step {step}/{config.steps} {elapsed:.0f}s lr {lr:.2e} loss {value:.3f} {_fmt(terms)}")
+        if step % config.eval_every == 0 or step == config.steps:
+            evaluate()
+        if step % config.save_every == 0 or step == config.steps:
+            save()
+    return finish(config, work, hub, network, forward, objective, corpus, elapsed, log)
+
+
+def step_seconds(config: TrainConfig, hub: Path, *, steps: int = 4, threads: int | None = None) -> float:
+    """Median wall time of one training step of ``config`` on this machine (random tokens, after a warm-up step).
+
+    Args:
+        config: Run settings (sizes, batch, objective).
+        hub: A Hub folder with the run's config.json and tokenizer.json (e.g. a shipped model).
+        steps: Timed steps.
+        threads: ``torch.set_num_threads`` for the measurement (restored afterwards).
+    """
+    saved_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        net_config, special = network_config(config.family, hub)
+        network = DecoderNetwork(net_config)
+        init_network(network, config.seed)
+        forward = TrainingForward(network)
+        objective = objective_for(config, special)
+        optimizer = optimizer_for(network, config)
+        generator = torch.Generator().manual_seed(config.seed)
+        times = []
+        for _ in range(steps + 1):
+            started = time.perf_counter()
+            windows = torch.randint(0, config.vocab_size, (config.batch_size, config.seq_len), generator=generator)
+            loss, _ = run_batch(forward, objective.batch(windows, generator), config.bf16)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip)
+            optimizer.step()
+            times.append(time.perf_counter() - started)
+        return sorted(times[1:])[len(times[1:]) // 2]
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
+def finish(
+    config: TrainConfig,
+    work: Path,
+    hub: Path,
+    network: DecoderNetwork,
+    forward: TrainingForward,
+    objective: BlockDiffusionObjective | AnyOrderObjective,
+    corpus: Corpus,
+    elapsed: float,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Export the bfloat16 Hub checkpoint and write the summary with the full held-out perplexity."""
+    network.eval()
+    write_tensors(hub_tensors(network, config.family), hub)
+    windows = corpus.windows(config.seq_len)
+    float_loss = heldout_loss(forward, objective, windows)
+    rounded = DecoderNetwork(network.config)
+    rounded.load_state_dict({k: v.to(torch.bfloat16).float() for k, v in network.state_dict().items()})
+    rounded_loss = heldout_loss(TrainingForward(rounded), objective, windows)
+    summary = {
+        "family": config.family,
+        "parameters": sum(p.numel() for p in network.parameters()),
+        "train_seconds": elapsed,
+        "train_tokens": config.steps * config.batch_size * config.seq_len,
+        "corpus_train_tokens": corpus.train.numel(),
+        "heldout_files": len(corpus.heldout_files),
+        "heldout_tokens": int(windows.numel()),
+        "heldout_ar_loss": rounded_loss,
+        "heldout_ppl": math.exp(rounded_loss),
+        "heldout_ppl_float32_weights": math.exp(float_loss),
+        "threads": torch.get_num_threads(),
+        "config": asdict(config),
+    }
+    (work / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    log(f"exported {hub}: held-out AR perplexity {summary['heldout_ppl']:.3f} (bf16 weights)")
+    return summary
+
+
+def ship(work: Path, target: Path, records: Path | None = None) -> Path:
+    """Copy a finished run's Hub folder (config.json, model.safetensors, tokenizer.json) to ``target``.
+
+    Args:
+        work: The run's work folder.
+        target: The model folder to write (e.g. ``src/specframe/assets/models/<name>``).
+        records: Where to copy the run's ``summary.json`` and ``log.jsonl`` (for the docs page), if anywhere.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        shutil.copy2(work / "hub" / name, target / name)
+    if records is not None:
+        records.mkdir(parents=True, exist_ok=True)
+        for name in ("summary.json", "log.jsonl", "train_config.json"):
+            shutil.copy2(work / name, records / name)
+    return target
+
+
+def preset(family: str, **overrides: Any) -> TrainConfig:
+    """The shipped model's settings for ``family``, with ``overrides``."""
+    return replace(PRESETS[family_name(family)], **overrides)
+
+
+def _fmt(terms: dict[str, float]) -> str:
+    return " ".join(f"{k} {v:.3f}" for k, v in terms.items())
