@@ -56,7 +56,7 @@ def plot_curves(name: str, records: list[dict[str, Any]], path: Path) -> None:
         axes[0].plot(
             [r["step"] for r in evals], [r["heldout_ar_loss"] for r in evals], "o-", label="held-out AR", markersize=3
         )
-        for term in evals[0].get("heldout_terms", {}):
+        for term in [t for t in evals[0].get("heldout_terms", {}) if t != "ar"]:  # "ar" repeats held-out AR
             axes[0].plot(
                 [r["step"] for r in evals],
                 [r["heldout_terms"][term] for r in evals],
@@ -70,8 +70,8 @@ def plot_curves(name: str, records: list[dict[str, Any]], path: Path) -> None:
     axes[0].legend(fontsize=7)
     axes[0].set_title(f"{name}: losses")
     if evals:
-        axes[1].plot([r["elapsed"] / 60 for r in evals], [math.exp(r["heldout_ar_loss"]) for r in evals], "o-")
-    axes[1].set_xlabel("training time (min)")
+        axes[1].plot([r["step"] for r in evals], [math.exp(r["heldout_ar_loss"]) for r in evals], "o-")
+    axes[1].set_xlabel("step")
     axes[1].set_ylabel("held-out AR perplexity")
     axes[1].set_yscale("log")
     axes[1].set_title(f"{name}: held-out perplexity")

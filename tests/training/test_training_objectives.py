@@ -114,3 +114,21 @@ def test_training_forward_equals_inference_forward(tmp_path):
         selected[0, [2, 9]] = True
         rows = forward.logits(ids[None], positions[None], attention[None], selected)
         torch.testing.assert_close(rows[:, :5], got[[2, 9], :5])
+
+
+def test_loops_train_the_drafter_only():
+    tokens = windows(size=8, length=64, seed=5)
+    objective = BlockDiffusionObjective(mask_id=MASK, repeat_prob=1.0, max_period=5)
+    batch = objective.batch(tokens, torch.Generator().manual_seed(3))
+    clean = batch.input_ids[:, :64]
+    for b in range(8):
+        ignored = (batch.targets[b, :63] == IGNORE).nonzero().flatten()
+        prefix = int(ignored.min()) + 1  # the first row whose next token is a loop token
+        assert 8 <= prefix <= 32
+        assert torch.equal(clean[b, :prefix], tokens[b, :prefix])
+        period = next(p for p in range(2, 6) if torch.equal(clean[b, prefix:], clean[b, prefix - p : 64 - p]))
+        assert torch.equal(clean[b, prefix - period : prefix], tokens[b, prefix - period : prefix])
+        assert torch.equal(batch.targets[b, : prefix - 1], tokens[b, 1:prefix])
+        masked = batch.input_ids[b, 64:] == MASK
+        assert torch.equal(batch.targets[b, 64:][masked], clean[b][masked])  # the drafter learns the loop
+    assert torch.equal(BlockDiffusionObjective(mask_id=MASK).batch(tokens, torch.Generator()).input_ids[:, :64], tokens)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from specframe.errors import CheckpointError
 
-DEFAULT_MODEL = "default"
+DEFAULT_MODEL = "nemotron-stdlib-tiny"
 ADAPTER_FOLDER = "linear_spec_lora"
 
 MODEL_PATTERNS = (

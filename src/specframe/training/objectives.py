@@ -92,6 +92,11 @@ class BlockDiffusionObjective:
         full_mask_prob: Chance every non-seed slot of a block is masked (otherwise each slot is masked with
             a probability drawn uniformly per block, at least one slot masked).
         diffusion_weight: Weight of the diffusion term (the AR term has weight 1).
+        repeat_prob: Chance a window turns, after a natural prefix, into a loop that repeats the prefix's last
+            ``period`` tokens. Only the diffusion rows learn from the loop (its next-token targets are ignored),
+            so the drafter learns to continue repeated text at every block offset while the AR mode, the
+            verifier, is trained on real code only.
+        max_period: Longest loop period, in tokens.
     """
 
     mask_id: int
@@ -100,6 +105,8 @@ class BlockDiffusionObjective:
     seed_prob: float = 0.75
     full_mask_prob: float = 0.6
     diffusion_weight: float = 1.0
+    repeat_prob: float = 0.0
+    max_period: int = 24
 
     kind_names = ("ar", "diffusion")
 
@@ -107,6 +114,7 @@ class BlockDiffusionObjective:
         """Rows ``[clean | blocks]`` for ``[B, T]`` clean windows."""
         size, length = tokens.shape
         device = tokens.device
+        tokens, loops = self._loops(tokens, generator)
         starts = torch.empty(size, length, dtype=torch.long)
         block_ids = torch.empty(size, length, dtype=torch.long)
         masked = torch.zeros(size, length, dtype=torch.bool)
@@ -122,6 +130,7 @@ class BlockDiffusionObjective:
         noisy = torch.where(masked, torch.full_like(tokens, self.mask_id), tokens)
         ar_targets = torch.full_like(tokens, IGNORE)
         ar_targets[:, :-1] = tokens[:, 1:]
+        ar_targets[loops] = IGNORE
         diffusion_targets = torch.where(masked, tokens, torch.full_like(tokens, IGNORE))
         positions = columns.expand(size, length)
         return Batch(
@@ -133,6 +142,24 @@ class BlockDiffusionObjective:
             kind_names=self.kind_names,
             weights=(1.0, self.diffusion_weight),
         )
+
+    def _loops(self, tokens: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Windows with loops (see ``repeat_prob``) and the ``[B, T]`` rows whose next token lies in a loop."""
+        size, length = tokens.shape
+        ignored = torch.zeros(size, length, dtype=torch.bool, device=tokens.device)
+        if not self.repeat_prob:
+            return tokens, ignored
+        chosen = torch.rand(size, generator=generator) < self.repeat_prob
+        if not chosen.any():
+            return tokens, ignored
+        tokens = tokens.clone()
+        for b in chosen.nonzero().flatten().tolist():
+            prefix = int(torch.randint(length // 8, length // 2 + 1, (), generator=generator))
+            period = int(torch.randint(2, min(self.max_period, prefix) + 1, (), generator=generator))
+            unit = tokens[b, prefix - period : prefix]
+            tokens[b, prefix:] = unit.repeat((length - prefix) // period + 1)[: length - prefix]
+            ignored[b, prefix - 1 :] = True
+        return tokens, ignored
 
     def _blocks(
         self,

@@ -118,9 +118,7 @@ class TrainConfig:
 # names under specframe/assets/models; the Nemotron one is the default model (specframe.models.hub.DEFAULT_MODEL).
 BUNDLED = {NEMOTRON: "nemotron-stdlib-tiny", SETDLM: "setdlm-stdlib-tiny"}
 PRESETS = {
-    NEMOTRON: TrainConfig(
-        family=NEMOTRON, vocab_size=1024, steps=1300, objective={"seed_prob": 0.85, "full_mask_prob": 0.85}
-    ),
+    NEMOTRON: TrainConfig(family=NEMOTRON),
     SETDLM: TrainConfig(family=SETDLM, objective={"ltr_prob": 0.5}),
 }
 

@@ -1,0 +1,112 @@
+"""The models shipped in specframe/assets/models: layout, loading, held-out quality and lossless decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from specframe import compose
+from specframe.cli import main
+from specframe.models import load_model
+from specframe.models.hub import DEFAULT_MODEL, bundled_model
+from specframe.models.testing import NEMOTRON, SETDLM
+from specframe.training.evaluate import heldout_perplexity, heldout_prompts, heldout_windows
+from specframe.training.trainer import BUNDLED
+
+# Held-out next-token perplexity bounds (4 windows of 128 tokens). The shipped models measure well below
+# them (docs/models/bundled.md); a random or weight-shuffled model lands in the hundreds or thousands.
+PPL_BOUND = {NEMOTRON: 45.0, SETDLM: 90.0}
+FAMILIES = (NEMOTRON, SETDLM)
+SCHEDULES = ("linear", "quadratic", "packed")
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {family: load_model(bundled_model(BUNDLED[family])) for family in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def exact_models():
+    return {family: load_model(bundled_model(BUNDLED[family]), dtype="float64") for family in FAMILIES}
+
+
+@pytest.fixture(scope="module")
+def windows(models):
+    return {family: heldout_windows(model, 128, 4) for family, model in models.items()}
+
+
+def test_default_model_is_the_nemotron_one():
+    assert DEFAULT_MODEL == BUNDLED[NEMOTRON]
+    model = load_model(None)
+    assert model.family == NEMOTRON
+    assert model.name == str(bundled_model())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_hub_layout(family):
+    folder = bundled_model(BUNDLED[family])
+    assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    config = json.loads((folder / "config.json").read_text())
+    with safe_open(str(folder / "model.safetensors"), "pt") as handle:
+        names = set(handle.keys())
+        dtypes = {handle.get_tensor(name).dtype for name in names}
+    assert dtypes == {torch.bfloat16}
+    if family == NEMOTRON:
+        assert config["model_type"] == "nemotron_labs_diffusion"
+        assert config["architectures"] == ["NemotronLabsDiffusionModel"]
+        assert config["rope_parameters"]["rope_type"] == "yarn"
+        assert (config["bos_token_id"], config["eos_token_id"], config["mask_token_id"]) == (1, 11, 100)
+        assert {"encoder.embed_tokens.weight", "encoder.norm.weight", "diffusion_head.weight"} <= names
+        assert "encoder.layers.0.self_attn.q_proj.weight" in names
+        assert all(n.startswith(("encoder.", "diffusion_head.")) for n in names)
+    else:
+        assert config["model_type"] == "bd3lm"
+        assert config["backbone_config"]["model_type"] == "qwen3"
+        assert all(n.startswith("backbone.model.model.") for n in names)
+        assert "backbone.model.model.layers.0.self_attn.k_norm.weight" in names
+    model = load_model(folder)
+    assert model.family == family
+    assert model.tokenizer is not None and model.tokenizer.vocab_size <= model.vocab_size
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_heldout_perplexity_bound(models, windows, family):
+    model = models[family]
+    ppl = heldout_perplexity(model, windows[family])
+    assert ppl < PPL_BOUND[family]
+    # the bound is not vacuous: the same weights shuffled within each tensor miss it by far
+    saved = {name: p.detach().clone() for name, p in model.network.named_parameters()}
+    generator = torch.Generator().manual_seed(0)
+    try:
+        with torch.no_grad():
+            for p in model.network.parameters():
+                flat = p.view(-1)
+                flat.copy_(flat[torch.randperm(flat.numel(), generator=generator)])
+        assert heldout_perplexity(model, windows[family]) > 10 * PPL_BOUND[family]
+    finally:
+        with torch.no_grad():
+            for name, p in model.network.named_parameters():
+                p.copy_(saved[name])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_greedy_speculative_equals_ar(exact_models, family, schedule):
+    model = exact_models[family]
+    for prompt in heldout_prompts(2, context_chars=200):
+        reference = compose({"model": model, "schedule": "ar", "max_new_tokens": 24}).generate(prompt.text)
+        for width in (4, 8):
+            decoder = compose({"model": model, "schedule": schedule, "width": width, "max_new_tokens": 24})
+            result = decoder.generate(prompt.text)
+            assert result.output_ids == reference.output_ids
+            assert result.metrics.accepted_tokens > 0  # trained drafts do get accepted
+
+
+def test_cli_generates_with_the_default_model(capsys):
+    assert main(["generate", "def fib(n):", "--max-new-tokens", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["output_ids"]) == 16
+    assert out["text"]
