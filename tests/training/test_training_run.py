@@ -107,3 +107,10 @@ def test_train_cli(tmp_path, tiny_corpus, capsys):
     assert load_model(model).family == "setdlm"
     assert main(["train", "nope", "--work-dir", str(work)]) != 0
     assert main(["train", "setdlm", "--work-dir", str(work), "--set", "bogus"]) != 0
+
+
+def test_step_seconds(tmp_path, tiny_corpus):
+    config = trainer.preset("nemotron", steps=1, **TINY)
+    hub, _ = trainer.prepare(config, tmp_path / "work", log=lambda _: None)
+    seconds = trainer.step_seconds(config, hub, steps=2, threads=1)
+    assert 0 < seconds < 30

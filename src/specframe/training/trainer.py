@@ -281,6 +281,28 @@ def optimizer_for(network: DecoderNetwork, config: TrainConfig) -> torch.optim.A
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+def build_run(
+    config: TrainConfig, hub: Path
+) -> tuple[DecoderNetwork, TrainingForward, BlockDiffusionObjective | AnyOrderObjective, torch.optim.AdamW]:
+    """A freshly initialised network for the config in ``hub``, its training forward, objective and optimizer."""
+    net_config, special = network_config(config.family, hub)
+    network = DecoderNetwork(net_config)
+    init_network(network, config.seed)
+    return network, TrainingForward(network), objective_for(config, special), optimizer_for(network, config)
+
+
+def optimizer_step(
+    forward: TrainingForward, optimizer: torch.optim.Optimizer, batch: Batch, config: TrainConfig
+) -> tuple[float, float, dict[str, float]]:
+    """One update on ``batch``: the loss, the gradient norm before clipping and the loss terms."""
+    loss, terms = run_batch(forward, batch, config.bf16)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(forward.network.parameters(), config.grad_clip))
+    optimizer.step()
+    return float(loss.detach()), grad_norm, terms
+
+
 def run_batch(forward: TrainingForward, batch: Batch, bf16: bool) -> tuple[torch.Tensor, dict[str, float]]:
     """Total loss and per-term means of one batch."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -347,12 +369,7 @@ def train(
             raise ValueError(f"{work} holds a run with other settings ({settings_path}); use a new work folder")
     settings_path.write_text(json.dumps(asdict(config), indent=2), encoding="utf-8")
     hub, corpus = prepare(config, work, log)
-    net_config, special = network_config(config.family, hub)
-    network = DecoderNetwork(net_config)
-    init_network(network, config.seed)
-    forward = TrainingForward(network)
-    objective = objective_for(config, special)
-    optimizer = optimizer_for(network, config)
+    network, forward, objective, optimizer = build_run(config, hub)
     generator = torch.Generator().manual_seed(config.seed + 1)
     step, elapsed = 0, 0.0
     state_path = work / "state.pt"
@@ -404,12 +421,7 @@ def train(
         lr = learning_rate(config, step)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        loss, terms = run_batch(forward, objective.batch(windows, generator), config.bf16)
-        value = float(loss.detach())
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip))
-        optimizer.step()
+        value, grad_norm, terms = optimizer_step(forward, optimizer, objective.batch(windows, generator), config)
         step += 1
         elapsed += time.perf_counter() - started
         if step % config.log_every == 0 or step == 1:
@@ -435,22 +447,13 @@ def step_seconds(config: TrainConfig, hub: Path, *, steps: int = 4, threads: int
     if threads:
         torch.set_num_threads(threads)
     try:
-        net_config, special = network_config(config.family, hub)
-        network = DecoderNetwork(net_config)
-        init_network(network, config.seed)
-        forward = TrainingForward(network)
-        objective = objective_for(config, special)
-        optimizer = optimizer_for(network, config)
+        _, forward, objective, optimizer = build_run(config, hub)
         generator = torch.Generator().manual_seed(config.seed)
         times = []
         for _ in range(steps + 1):
             started = time.perf_counter()
             windows = torch.randint(0, config.vocab_size, (config.batch_size, config.seq_len), generator=generator)
-            loss, _ = run_batch(forward, objective.batch(windows, generator), config.bf16)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(network.parameters(), config.grad_clip)
-            optimizer.step()
+            optimizer_step(forward, optimizer, objective.batch(windows, generator), config)
             times.append(time.perf_counter() - started)
         return sorted(times[1:])[len(times[1:]) // 2]
     finally:
