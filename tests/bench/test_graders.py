@@ -121,6 +121,18 @@ def test_sandbox_times_out_an_infinite_loop():
     assert result.status == "timeout" and not result.passed
 
 
+@pytest.mark.skipif(os.name != "posix", reason="CPU-time limits are POSIX rlimits")
+def test_sandbox_counts_the_cpu_limit_as_a_timeout():
+    # On a fast machine the CPU limit can fire before the wall clock; that is a timeout, not a failure.
+    program = (
+        "import resource\nresource.setrlimit(resource.RLIMIT_CPU, (1, resource.getrlimit(resource.RLIMIT_CPU)[1]))\n"
+        "while True:\n    pass\n"
+    )
+    result = run_program(program, timeout_s=20.0)
+    assert result.status == "timeout" and not result.passed
+    assert result.returncode is not None and result.returncode < 0
+
+
 def test_sandbox_is_a_separate_process():
     result = run_program(
         "import os, sys\nprint(os.getpid())\nsys.modules.clear()\nos.environ.clear()\n"

@@ -80,7 +80,9 @@ def run_program(
 
     Args:
         source: The complete program (solution plus tests); a failing assertion makes it exit non-zero.
-        timeout_s: Wall-clock limit in seconds; the CPU-time limit is set to the same (rounded up).
+        timeout_s: Wall-clock limit in seconds. The CPU-time limit is one second more (rounded up), so the
+            wall clock normally fires first; a program stopped by the CPU limit (``SIGXCPU``) also counts as a
+            timeout.
         memory_mb: Address-space limit in MiB.
 
     Returns:
@@ -97,7 +99,7 @@ def run_program(
             "PYTHONIOENCODING": "utf-8",
         }
         posix = os.name == "posix"
-        cpu_s = max(1, int(timeout_s + 0.999))
+        cpu_s = max(1, int(timeout_s + 0.999)) + 1
         command = [sys.executable, "-I", "-B", str(program)]
         if posix:
             command = [sys.executable, "-I", "-B", "-c", _LAUNCHER, str(program), str(cpu_s), str(memory_mb)]
@@ -116,6 +118,8 @@ def run_program(
             _kill(process, posix)
             output, _ = process.communicate()
             return SandboxResult(False, "timeout", None, _tail(output), process.pid)
+        if posix and process.returncode == -signal.SIGXCPU:
+            return SandboxResult(False, "timeout", process.returncode, _tail(output), process.pid)
         passed = process.returncode == 0
         return SandboxResult(passed, "passed" if passed else "failed", process.returncode, _tail(output), process.pid)
 
