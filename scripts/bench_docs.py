@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from specframe.bench.records import RECORDS_FILE, SUMMARY_FILE, read_records, re
 from specframe.bench.report import fmt, fmt_interval, markdown_table, method_rows
 from specframe.bench.settings import BenchSettings
 from specframe.bench.summary import summarize
+from specframe.models.hub import DEFAULT_MODEL, model_display_name
 
 REFERENCES = ("linear", "quadratic", "ar")
 NAMES = {"ar": "AR", "linear": "Linear-SS", "quadratic": "Quadratic-SS", "packed": "Packed-SS", "native": "Native"}
@@ -101,7 +103,10 @@ def machine_line(env: dict[str, Any] | None) -> str:
     )
 
 
-def render(folder: Path, note: str | None) -> str:
+FIGURE = "benchmarks-comparison.png"
+
+
+def render(folder: Path, note: str | None, *, figure: bool = False) -> str:
     run = read_run(folder)
     if run is None:
         raise SystemExit(f"{folder} is not a specframe bench output folder (no run.json)")
@@ -118,10 +123,11 @@ def render(folder: Path, note: str | None) -> str:
     ]
     if note:
         lines += [f"!!! note\n    {note}", ""]
+    model_name = model_display_name(model.get("name") or settings.model or DEFAULT_MODEL)
     lines += [
         "## Setup",
         "",
-        f"- **Model:** `{model.get('name', settings.model)}` ({model.get('family', '?')}, "
+        f"- **Model:** `{model_name}` ({model.get('family', '?')}, "
         f"{model.get('num_layers', '?')} layers, vocabulary {model.get('vocab_size', '?')}), "
         f"{model.get('dtype', '?')} on {model.get('device', '?')}",
         f"- **Task:** `{settings.task}`, {summary['prompts']} prompts x {settings.repeats} response(s) per schedule, "
@@ -164,6 +170,14 @@ def render(folder: Path, note: str | None) -> str:
         )
     else:
         lines.append("This run did not include Packed-SS together with a reference schedule.")
+    if figure:
+        lines += [
+            "",
+            f"The run's own figure compares every schedule with its baseline `{settings.baseline_method()}` "
+            "(bars: ratio or difference; whiskers: the 95% intervals):",
+            "",
+            f"![Paired comparison against {settings.baseline_method()}]({FIGURE})",
+        ]
     lines += [
         "",
         "## Model vs non-model time",
@@ -208,8 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--note", help="an admonition at the top of the page (e.g. which model and why)")
     args = parser.parse_args(argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(render(args.folder, args.note), encoding="utf-8")
-    print(f"wrote {args.out}")
+    source_figure = args.folder / "comparison.png"
+    if source_figure.is_file():
+        shutil.copyfile(source_figure, args.out.parent / FIGURE)
+    args.out.write_text(render(args.folder, args.note, figure=source_figure.is_file()), encoding="utf-8")
+    print(f"wrote {args.out}" + (f" and {args.out.parent / FIGURE}" if source_figure.is_file() else ""))
     return 0
 
 

@@ -14,7 +14,7 @@ from zoo_helpers import causal, run
 
 from specframe.errors import CheckpointError, UnknownPluginError
 from specframe.models import ModelBackend, load_model
-from specframe.models.hub import bundled_model
+from specframe.models.hub import DEFAULT_MODEL, bundled_model, model_display_name
 from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
 
 TOKENS = [5, 17, 300, 42, 7]
@@ -159,6 +159,13 @@ def test_default_model_is_bundled_or_clearly_missing():
             load_model()
     else:
         assert (folder / "config.json").is_file()
+
+
+def test_reports_name_a_bundled_model_not_this_machines_path(tmp_path):
+    assert model_display_name(str(bundled_model())) == f"{DEFAULT_MODEL} (bundled)"
+    assert model_display_name("nvidia/Nemotron-Labs-Diffusion-8B") == "nvidia/Nemotron-Labs-Diffusion-8B"
+    own = tmp_path / "assets" / "models" / "mine"  # a user's folder that only looks similar keeps its path
+    assert model_display_name(str(own)) == str(own)
 
 
 def test_script_writes_loadable_checkpoints(tmp_path):

@@ -14,6 +14,7 @@ from specframe.bench.records import SUMMARY_FILE, write_json
 from specframe.bench.report import format_report
 from specframe.bench.settings import BenchSettings
 from specframe.bench.summary import summarize
+from specframe.models.hub import DEFAULT_MODEL, model_display_name
 
 
 def machine_description() -> dict[str, Any]:
@@ -95,7 +96,7 @@ def write_report(
         "command": run.get("command"),
     }
     write_json(folder / SUMMARY_FILE, summary)
-    model_name = (run.get("model") or {}).get("name") or settings.model or "bundled model"
+    model_name = model_display_name((run.get("model") or {}).get("name") or settings.model or DEFAULT_MODEL)
     if plots:
         plot_comparisons(summary, folder, title=f"{model_name} on {settings.task}, ")
     title = f"{settings.task} on {model_name} ({settings.order}, T={settings.temperature:g}): "

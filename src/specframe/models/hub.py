@@ -37,6 +37,25 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
+def model_display_name(name: str) -> str:
+    """A model name as a reader can reproduce it: a bundled model by its name, not this machine's path.
+
+    Args:
+        name: A Hub repo id, a checkpoint folder, or the folder of a bundled model.
+
+    Returns:
+        ``"<name> (bundled)"`` for a folder under ``specframe/assets/models``, otherwise ``name`` unchanged.
+    """
+    path = Path(name)
+    if (
+        path.parent.name == "models"
+        and path.parent.parent.name == "assets"
+        and path.parent.parent.parent.name == "specframe"
+    ):
+        return f"{path.name} (bundled)"
+    return name
+
+
 def bundled_model(name: str = DEFAULT_MODEL) -> Path:
     """The folder of a model shipped inside the package (``specframe/assets/models/<name>``).
 
