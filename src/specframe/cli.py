@@ -80,7 +80,11 @@ def add_generate_parser(sub: Any) -> None:
 
 def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = True) -> None:
     """Options shared by ``generate`` and ``bench`` that compose a decoder."""
-    parser.add_argument("--model", help="Hub repo id or checkpoint folder (default: the bundled small model)")
+    parser.add_argument(
+        "--model",
+        help="Hub repo id, checkpoint folder, or a bundled model's name "
+        "(default: nemotron-stdlib-tiny; also setdlm-stdlib-tiny)",
+    )
     if schedule:
         parser.add_argument("--schedule", default="packed", help="ar, linear, quadratic, packed, native, ...")
     parser.add_argument("--order", default="ltr", help="verification order: ltr or confidence")

@@ -14,7 +14,7 @@ from zoo_helpers import causal, run
 
 from specframe.errors import CheckpointError, UnknownPluginError
 from specframe.models import ModelBackend, load_model
-from specframe.models.hub import DEFAULT_MODEL, bundled_model, model_display_name
+from specframe.models.hub import DEFAULT_MODEL, bundled_model, bundled_model_names, model_display_name
 from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
 
 TOKENS = [5, 17, 300, 42, 7]
@@ -159,6 +159,16 @@ def test_default_model_is_bundled_or_clearly_missing():
             load_model()
     else:
         assert (folder / "config.json").is_file()
+
+
+def test_bundled_models_load_by_name_and_unknown_names_list_them(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    names = bundled_model_names()
+    assert DEFAULT_MODEL in names and "setdlm-stdlib-tiny" in names
+    assert load_model("setdlm-stdlib-tiny").family == SETDLM
+    with pytest.raises(CheckpointError, match="bundled models: nemotron-stdlib-tiny, setdlm-stdlib-tiny"):
+        load_model("setdlm-stdlib-tinny")
 
 
 def test_reports_name_a_bundled_model_not_this_machines_path(tmp_path):

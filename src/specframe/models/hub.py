@@ -56,6 +56,14 @@ def model_display_name(name: str) -> str:
     return name
 
 
+def bundled_model_names() -> list[str]:
+    """Names of the models shipped inside this installation (usable wherever a model is named)."""
+    folder = resources.files("specframe").joinpath("assets", "models")
+    if not folder.is_dir():
+        return []
+    return sorted(entry.name for entry in folder.iterdir() if entry.joinpath("config.json").is_file())
+
+
 def bundled_model(name: str = DEFAULT_MODEL) -> Path:
     """The folder of a model shipped inside the package (``specframe/assets/models/<name>``).
 
@@ -95,7 +103,8 @@ def resolve_source(
     """The local folder holding a model's files, downloading them from the Hub if needed.
 
     Args:
-        source: ``None`` for the bundled default model, a local folder, or a Hub repo id.
+        source: ``None`` for the bundled default model, a local folder, the name of a bundled model (see
+            :func:`bundled_model_names`; a local folder of the same name wins), or a Hub repo id.
         revision: Hub branch, tag or commit (ignored for local folders).
         adapter: Also fetch the proposal-only adapter folder (``linear_spec_lora/``) from the Hub.
 
@@ -110,13 +119,18 @@ def resolve_source(
             raise CheckpointError(f"{path} is a file; pass the checkpoint folder that contains config.json")
         return path
     text = os.fspath(source)
+    if text in bundled_model_names():
+        return bundled_model(text)
     if isinstance(source, Path) or not _REPO_ID.match(text):
         raise CheckpointError(f"checkpoint folder {text!r} does not exist (and it is not a Hub repo id)")
     patterns = list(MODEL_PATTERNS) + (list(ADAPTER_PATTERNS) if adapter else [])
     try:
         return download(text, revision=revision, patterns=patterns)
     except CheckpointError as exc:
-        raise CheckpointError(f"{exc} (no local folder {text!r} exists either)") from exc.__cause__
+        bundled = ", ".join(bundled_model_names()) or "none"
+        raise CheckpointError(
+            f"{exc} (no local folder {text!r} exists either; bundled models: {bundled})"
+        ) from exc.__cause__
 
 
 def download(repo_id: str, *, revision: str | None, patterns: list[str], filename: str | None = None) -> Path:
