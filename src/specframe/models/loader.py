@@ -28,7 +28,8 @@ def load_model(
 
     Args:
         source: Hub repo id (e.g. ``"nvidia/Nemotron-Labs-Diffusion-8B"``), a local folder in the Hub layout
-            (config.json, safetensors or .bin weights, tokenizer.json), or ``None`` for the bundled default.
+            (config.json, safetensors or .bin weights, tokenizer.json), a bundled model's name
+            (``"setdlm-stdlib-tiny"``), or ``None`` for the bundled default (``"nemotron-stdlib-tiny"``).
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         dtype: ``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``, ``"float16"``, ``"float64"`` or a torch
             dtype; default float32 on CPU and the checkpoint's own dtype on accelerators.
