@@ -1,0 +1,31 @@
+"""Repository scripts that only run elsewhere (a GPU machine) still run here in their quick CPU form."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_quick_runs_on_the_cpu_and_reports_exactness(tmp_path):
+    # The device check is run rarely and in one shot on a lent GPU; a broken script would waste that turn.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), str(tmp_path), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads((tmp_path / "gpu_check.json").read_text(encoding="utf-8"))
+    float32 = [row for row in report["correctness"] if row["dtype"] == "float32"]
+    families = {row["model"] for row in float32}
+    assert {"random-nemotron", "random-setdlm"} <= families
+    assert {row["schedule"] for row in float32} == {"linear", "quadratic", "packed"}
+    assert all(row["ok"] and row["identical"] == row["prompts"] for row in float32)
+    assert report["passed"] is True
+    shapes = report["memory_bound"]["call_shapes"]
+    assert shapes["ar"]["rows_max"] == 1 and shapes["packed"]["rows_max"] == 2 * (shapes["packed"]["width"] + 1)
+    assert (tmp_path / "gpu_check.md").read_text(encoding="utf-8").startswith("# specframe device check")
