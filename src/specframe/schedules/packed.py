@@ -7,7 +7,9 @@ stays linear in W, and because each draft token is verified against the distribu
 output is exactly the verifier's (Theorem 3.3).
 
 Initial call (appendix E.2): with no draft yet the verifier adds exactly one token, so the first call drafts
-the W positions after it and the second call verifies a full draft.
+the W positions after it and the second call verifies a full draft. The prompt is processed in that first
+call for both families; the paper's SetDLM runs spend a separate counted prompt-cache call first, so SetDLM
+responses here count one NFE fewer than that protocol.
 """
 
 from __future__ import annotations
