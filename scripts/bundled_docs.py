@@ -29,6 +29,7 @@ import torch
 
 from specframe.models import load_model
 from specframe.models.hub import DEFAULT_MODEL, bundled_model
+from specframe.training.distill import DistillConfig
 from specframe.training.evaluate import acceptance, heldout_perplexity, heldout_prompts, heldout_windows
 from specframe.training.objectives import AnyOrderObjective, BlockDiffusionObjective
 from specframe.training.trainer import BUNDLED, TrainConfig, step_seconds
@@ -38,50 +39,63 @@ DOCS = ROOT / "docs" / "models"
 NAMES = {"linear": "Linear-SS", "packed": "Packed-SS", "ar": "AR"}
 TARGETS = {"linear": ("tokens_per_verification", 2.0), "packed": ("tokens_per_nfe", 1.5)}
 TARGET_WIDTH = 8
-# Variants trained while closing the Packed-SS gap, not shipped (same protocol: 30 prompts, 128 tokens, W = 8).
+# The Nemotron-style model before distillation, and variants not shipped (same protocol: 30 prompts, 128 tokens,
+# W = 8), measured while closing the Packed-SS gap.
 NOTES = (
-    "Two variants of the Nemotron-style model were trained to close the Packed-SS gap and were not shipped: a "
-    "1024-token vocabulary with more drafting blocks (seed kept and all slots masked in 72% of the blocks; 1300 "
-    "steps) modelled the text better (held-out perplexity 13.0 per 1024-vocabulary token) but looped less and "
-    "accepted less (Linear-SS 2.24 tokens per verification, Packed-SS 1.36 tokens per NFE); loop-continuation "
-    "training for the drafter (`repeat_prob 0.25`: a quarter of the windows end in a loop that only the diffusion "
-    "rows learn from) raised Packed-SS to 1.48 tokens per NFE but lowered Linear-SS to 2.20 and worsened held-out "
-    "perplexity to 36.1."
+    "Drafter self-distillation made the difference for the Nemotron-style model. The same checkpoint before its "
+    "24 distillation steps (main steps only) reached 2.29 tokens per verification with Linear-SS and 1.42 tokens "
+    "per NFE with Packed-SS at W = 8 on these prompts and gained nothing from W beyond 4; distillation cost 1.7 "
+    "points of held-out perplexity (29.14 before). Two other variants tried before distillation were not "
+    "shipped: a 1024-token vocabulary with more drafting blocks (1300 steps; held-out perplexity 13.0 per "
+    "1024-vocabulary token) accepted less (Linear-SS "
+    "2.24, Packed-SS 1.36); loop-continuation training for the drafter (`repeat_prob 0.25`: a quarter of the "
+    "windows end in a loop that only the diffusion rows learn from) reached Packed-SS 1.48 but lowered Linear-SS "
+    "to 2.20 and worsened held-out perplexity to 36.1. The SetDLM-style model has no distillation stage yet."
 )
 
 
-def plot_curves(name: str, records: list[dict[str, Any]], path: Path) -> None:
+def plot_curves(name: str, records: list[dict[str, Any]], path: Path, base_steps: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r for r in records if "loss" in r]
+    def x(record: dict[str, Any]) -> int:  # distillation steps continue after the main steps
+        return record.get("step", base_steps) + record.get("distill_step", 0)
+
+    steps = [r for r in records if "loss" in r and "distill_step" not in r]
+    distill = [r for r in records if "loss" in r and "distill_step" in r]
     evals = [r for r in records if r.get("eval")]
-    terms = [k for k in steps[0] if k not in ("step", "elapsed", "lr", "loss", "grad_norm")] if steps else []
+    skip = ("step", "distill_step", "elapsed", "lr", "loss", "grad_norm")
+    terms = [k for k in steps[0] if k not in skip] if steps else []
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for term in terms:
-        axes[0].plot([r["step"] for r in steps], [r[term] for r in steps], label=f"train {term}", linewidth=1)
+        axes[0].plot([x(r) for r in steps], [r[term] for r in steps], label=f"train {term}", linewidth=1)
+        if distill:
+            axes[0].plot([x(r) for r in distill], [r[term] for r in distill], label=f"distillation {term}", linewidth=1)
+    if distill:
+        for ax in axes:
+            ax.axvline(base_steps, color="grey", linestyle=":", linewidth=1)
     if evals:
         axes[0].plot(
-            [r["step"] for r in evals], [r["heldout_ar_loss"] for r in evals], "o-", label="held-out AR", markersize=3
+            [x(r) for r in evals], [r["heldout_ar_loss"] for r in evals], "o-", label="held-out AR", markersize=3
         )
         for term in [t for t in evals[0].get("heldout_terms", {}) if t != "ar"]:  # "ar" repeats held-out AR
             axes[0].plot(
-                [r["step"] for r in evals],
+                [x(r) for r in evals],
                 [r["heldout_terms"][term] for r in evals],
                 "s--",
                 label=f"held-out {term}",
                 markersize=3,
             )
-    axes[0].set_xlabel("step")
+    axes[0].set_xlabel("step (after the dotted line: distillation steps)" if distill else "step")
     axes[0].set_ylabel("cross-entropy (nats / token)")
     axes[0].set_ylim(0, None)
     axes[0].legend(fontsize=7)
     axes[0].set_title(f"{name}: losses")
     if evals:
-        axes[1].plot([r["step"] for r in evals], [math.exp(r["heldout_ar_loss"]) for r in evals], "o-")
-    axes[1].set_xlabel("step")
+        axes[1].plot([x(r) for r in evals], [math.exp(r["heldout_ar_loss"]) for r in evals], "o-")
+    axes[1].set_xlabel("step (after the dotted line: distillation steps)" if distill else "step")
     axes[1].set_ylabel("held-out AR perplexity")
     axes[1].set_yscale("log")
     axes[1].set_title(f"{name}: held-out perplexity")
@@ -157,11 +171,28 @@ def objective(config: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in settings.items())
 
 
-def training_time(config: dict[str, Any], measured: dict[str, Any]) -> str:
+def training_time(config: dict[str, Any], summary: dict[str, Any], measured: dict[str, Any]) -> str:
+    """Steps, and minutes on 2 cores: main steps x measured step time, plus the distillation stage's wall time."""
+    text = f"{config['steps']} steps of {config['batch_size']}x{config['seq_len']} tokens"
+    distill_steps = config.get("distill_steps", 0)
+    if distill_steps:
+        settings = {f.name: f.default for f in dataclasses.fields(DistillConfig)}
+        settings.update(config.get("distill", {}))
+        text += (
+            f" + {distill_steps} distillation steps of {settings['batch_size']} rollouts of {settings['rollout']} "
+            f"after {settings['prefix']} tokens"
+        )
     step_s = measured.get("step_seconds_2_threads")
     if step_s is None:
-        return "-"
-    return f"{config['steps'] * step_s / 60:.0f} min on 2 cores ({step_s:.2f} s/step)"
+        return text
+    main_min = config["steps"] * step_s / 60
+    if not distill_steps:
+        return f"{text}, {main_min:.0f} min on 2 cores ({step_s:.2f} s/step)"
+    distill_min = summary.get("distill_seconds", 0.0) / 60
+    return (
+        f"{text}, {main_min + distill_min:.1f} min on 2 cores ({main_min:.1f} min at {step_s:.2f} s/step + "
+        f"{distill_min:.1f} min of distillation)"
+    )
 
 
 def page(measured: list[dict[str, Any]]) -> str:
@@ -200,6 +231,12 @@ def page(measured: list[dict[str, Any]]) -> str:
         "bidirectionally within the block and to the clean rows before it. Most blocks keep their first token clean "
         "(the drafting seed of `[last accepted, MASK x W]`) and mask every other slot; some mask the seed too (the "
         "first call and Quadratic-SS groups); the rest are partly masked (native block decoding).",
+        "- **Drafter self-distillation** (Nemotron-style model, `specframe.training.distill`): after the main "
+        "steps, a short stage extends real prefixes from the training files with the model's own greedy AR "
+        "rollouts (float32, the tokens the verifier would choose) and trains the same objective on them, except "
+        "that rollout tokens carry no next-token loss. Greedy verification accepts a draft token when it equals the "
+        "AR argmax, not the data, and at inference the context is largely the model's own output, so this teaches "
+        "the drafter what to propose while the verifier keeps learning from real code only.",
         "- **SetDLM objective** (`AnyOrderObjective`): any-order autoregression with duplicate masks over staggered "
         "orders (left to right with local shuffling, some windows exactly left to right). A mask row sees the clean "
         "tokens earlier in the order (verifier queries) or only those a random number of ranks earlier (proposal "
@@ -213,8 +250,7 @@ def page(measured: list[dict[str, Any]]) -> str:
         summary, _, config = read_records(m["name"])
         lines.append(
             f"| `{m['name']}` | {m['family']} | {architecture(config, summary)} | {objective(config)} | "
-            f"{config['steps']} steps of {config['batch_size']}x{config['seq_len']} tokens, "
-            f"{training_time(config, m)} | "
+            f"{training_time(config, summary, m)} | "
             f"{summary['train_tokens'] / 1e6:.1f}M | {m['heldout_ppl']:.2f} |"
         )
     lines += [
@@ -268,11 +304,11 @@ def page(measured: list[dict[str, Any]]) -> str:
         f"Python {platform.python_version()}, torch {torch.__version__}",
         "- **Held-out prompt files:** " + ", ".join(f"`{s}`" for s in measured[0]["prompt_sources"]),
         "",
-        "Small greedy models repeat themselves, and part of the acceptance above comes from such loops. These "
-        "drafters follow a loop only a few tokens ahead, though: their accuracy falls fast after the first two "
-        "slots, so Linear-SS gains almost nothing beyond W = 4, and Packed-SS, whose drafts are one call older "
-        "(they cannot see the tokens the same call accepts), trails it per verification. The figures measure "
-        "these checkpoints on this held-out split only; they are not a claim about the real 3B-14B models.",
+        "Small greedy models repeat themselves, and part of the acceptance above comes from such loops, which the "
+        "distilled drafter learned to continue. Packed-SS, whose drafts are one call older (they cannot see the "
+        "tokens the same call accepts), accepts fewer tokens per verification than Linear-SS but needs one call per "
+        "iteration instead of two, so it produces more tokens per NFE. The figures measure these checkpoints on "
+        "this held-out split only; they are not a claim about the real 3B-14B models.",
         "",
         NOTES,
         "",
@@ -313,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if missed else 0
     args.out.mkdir(parents=True, exist_ok=True)
     for m in measured:
-        _, records, _ = read_records(m["name"])
-        plot_curves(m["name"], records, args.out / f"bundled-{m['name']}-training.png")
+        _, records, config = read_records(m["name"])
+        plot_curves(m["name"], records, args.out / f"bundled-{m['name']}-training.png", config["steps"])
     (args.out / "bundled.json").write_text(json.dumps(measured, indent=2) + "\n", encoding="utf-8")
     (args.out / "bundled.md").write_text(page(measured), encoding="utf-8")
     print(f"wrote {args.out / 'bundled.md'}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from specframe import compose
@@ -33,6 +34,7 @@ TINY = {
     "save_every": 1,
     "log_every": 1,
     "bf16": False,
+    "distill_steps": 0,
 }
 
 
@@ -94,6 +96,37 @@ def test_train_resume_export_and_load(tmp_path, tiny_corpus, family):
     assert str(dtype) == "torch.bfloat16"
     out = compose({"model": model, "schedule": "packed", "width": 3, "max_new_tokens": 5}).generate("def f(a):\n")
     assert len(out.output_ids) == 5
+
+
+def test_distillation_stage_continues_a_finished_run(tmp_path, tiny_corpus):
+    work = tmp_path / "run"
+    trainer.train(trainer.preset("nemotron", steps=2, **TINY), work, threads=1, log=lambda _: None)
+    before = load_model(work / "hub").network.state_dict()
+    distill = {"prefix": 6, "rollout": 5, "batch_size": 2}
+    lines = []
+    config = trainer.preset("nemotron", steps=2, **{**TINY, "distill_steps": 2, "distill": distill})
+    summary = trainer.train(config, work, threads=1, log=lines.append)
+    assert any("resumed at step 2 " in line for line in lines)
+    assert any("drafter distillation: 2 steps" in line for line in lines)
+    records = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines()]
+    assert [r["distill_step"] for r in records if "loss" in r and "distill_step" in r] == [1, 2]
+    assert summary["distill_seconds"] > 0 and summary["total_train_seconds"] > summary["train_seconds"]
+    after = load_model(work / "hub").network.state_dict()
+    assert any(not torch.equal(before[name], after[name]) for name in before)  # the exported weights moved
+    lines.clear()  # a finished stage is not repeated
+    trainer.train(config, work, threads=1, log=lines.append)
+    assert not any("drafter distillation" in line for line in lines)
+
+
+def test_distillation_settings_are_checked():
+    with pytest.raises(ValueError, match="nemotron-labs-diffusion only"):
+        trainer.preset("setdlm", distill_steps=2)
+    with pytest.raises(ValueError, match="distill_steps must be >= 0"):
+        trainer.preset("nemotron", distill_steps=-1)
+    with pytest.raises(ValueError, match="distill.rollout must be >= 1"):
+        trainer.preset("nemotron", distill={"rollout": 0})
+    with pytest.raises(TypeError, match="bogus"):
+        trainer.preset("nemotron", distill={"bogus": 1})
 
 
 def test_train_cli(tmp_path, tiny_corpus, capsys):

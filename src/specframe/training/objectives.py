@@ -76,7 +76,8 @@ def batch_losses(logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, dict
     return total, terms
 
 
-def _causal(length: int, device: torch.device) -> torch.Tensor:
+def causal_mask(length: int, device: torch.device) -> torch.Tensor:
+    """``[T, T]`` lower-triangular boolean mask: row ``i`` may attend to rows ``0..i``."""
     return torch.ones(length, length, dtype=torch.bool, device=device).tril()
 
 
@@ -122,7 +123,7 @@ class BlockDiffusionObjective:
             self._blocks(length, generator, starts[b], block_ids[b], masked[b])
         starts, block_ids, masked = starts.to(device), block_ids.to(device), masked.to(device)
         columns = torch.arange(length, device=device)
-        causal = _causal(length, device).expand(size, length, length)
+        causal = causal_mask(length, device).expand(size, length, length)
         context = columns[None, None, :] < starts[:, :, None]  # block rows see the clean rows before the block
         within = block_ids[:, :, None] == block_ids[:, None, :]
         none = torch.zeros(size, length, length, dtype=torch.bool, device=device)
@@ -205,7 +206,7 @@ class BlockDiffusionObjective:
         return Batch(
             input_ids=tokens.long(),
             position_ids=torch.arange(length, device=tokens.device).expand(size, length),
-            mask=_causal(length, tokens.device).expand(size, length, length),
+            mask=causal_mask(length, tokens.device).expand(size, length, length),
             targets=targets.long(),
             kinds=torch.zeros_like(tokens),
             kind_names=("ar",),

@@ -34,6 +34,7 @@ from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint, 
 from specframe.models.tokenizer import HubTokenizer
 from specframe.models.transformer import DecoderConfig, DecoderNetwork, SpecialTokens
 from specframe.training.corpus import corpus_files, encode_documents, split_files, spread_windows, train_tokenizer
+from specframe.training.distill import DistillConfig, distillation_batch, greedy_rollouts
 from specframe.training.forward import TrainingForward
 from specframe.training.objectives import AnyOrderObjective, Batch, BlockDiffusionObjective, batch_losses
 
@@ -71,6 +72,9 @@ class TrainConfig:
         save_every: Steps between saved training states.
         log_every: Steps between log records.
         objective: Options of the family's objective (see :mod:`specframe.training.objectives`).
+        distill_steps: Steps of drafter self-distillation after the main ``steps`` (see
+            :mod:`specframe.training.distill`; Nemotron-Labs-Diffusion only).
+        distill: Options of the distillation stage (:class:`~specframe.training.distill.DistillConfig`).
     """
 
     family: str
@@ -98,6 +102,17 @@ class TrainConfig:
     save_every: int = 50
     log_every: int = 10
     objective: dict[str, Any] = field(default_factory=dict)
+    distill_steps: int = 0
+    distill: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.distill_steps < 0:
+            raise ValueError(f"distill_steps must be >= 0, got {self.distill_steps}")
+        if self.distill_steps and FAMILY_ALIASES.get(self.family, self.family) != NEMOTRON:
+            raise ValueError(
+                f"distill_steps: drafter distillation is implemented for {NEMOTRON} only, not {self.family}"
+            )
+        DistillConfig(**self.distill)  # unknown or invalid options fail here, before any training
 
     def hub_fields(self) -> dict[str, Any]:
         """The model-size fields of ``config.json``."""
@@ -118,7 +133,7 @@ class TrainConfig:
 # names under specframe/assets/models; the Nemotron one is the default model (specframe.models.hub.DEFAULT_MODEL).
 BUNDLED = {NEMOTRON: "nemotron-stdlib-tiny", SETDLM: "setdlm-stdlib-tiny"}
 PRESETS = {
-    NEMOTRON: TrainConfig(family=NEMOTRON),
+    NEMOTRON: TrainConfig(family=NEMOTRON, distill_steps=24),
     SETDLM: TrainConfig(family=SETDLM, objective={"ltr_prob": 0.5}),
 }
 
@@ -281,6 +296,11 @@ def optimizer_for(network: DecoderNetwork, config: TrainConfig) -> torch.optim.A
     return torch.optim.AdamW(groups, lr=config.lr, betas=(0.9, 0.95), eps=1e-8)
 
 
+def distill_optimizer_for(network: DecoderNetwork, settings: DistillConfig) -> torch.optim.AdamW:
+    """The distillation stage's own AdamW: constant learning rate, no weight decay."""
+    return torch.optim.AdamW(network.parameters(), lr=settings.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+
+
 def build_run(
     config: TrainConfig, hub: Path
 ) -> tuple[DecoderNetwork, TrainingForward, BlockDiffusionObjective | AnyOrderObjective, torch.optim.AdamW]:
@@ -349,8 +369,9 @@ def train(
 ) -> dict[str, Any]:
     """Train (or resume training) in ``work`` and export the Hub folder; returns the run's summary.
 
-    A run resumes from ``work/state.pt`` when its settings match the saved ones; only ``steps`` may differ
-    (a longer run continues on the new learning-rate schedule).
+    A run resumes from ``work/state.pt`` when its settings match the saved ones; only ``steps`` and the
+    distillation settings may differ (a longer run continues on the new learning-rate schedule; a finished run
+    with new ``distill_steps`` goes on with the distillation stage).
 
     Args:
         config: The run's settings (a resumed run must use the same ones).
@@ -364,14 +385,19 @@ def train(
     settings_path = work / "train_config.json"
     if settings_path.is_file() and (work / "state.pt").is_file():
         saved = json.loads(settings_path.read_text(encoding="utf-8"))
-        saved.pop("steps", None)
-        if saved != {k: v for k, v in asdict(config).items() if k != "steps"}:
+        stages = ("steps", "distill_steps", "distill")
+        if {k: v for k, v in saved.items() if k not in stages} != {
+            k: v for k, v in asdict(config).items() if k not in stages
+        }:
             raise ValueError(f"{work} holds a run with other settings ({settings_path}); use a new work folder")
     settings_path.write_text(json.dumps(asdict(config), indent=2), encoding="utf-8")
     hub, corpus = prepare(config, work, log)
     network, forward, objective, optimizer = build_run(config, hub)
     generator = torch.Generator().manual_seed(config.seed + 1)
     step, elapsed = 0, 0.0
+    distill_step, distill_elapsed = 0, 0.0
+    distill_settings = DistillConfig(**config.distill)
+    distill_optimizer = distill_optimizer_for(network, distill_settings)
     state_path = work / "state.pt"
     if state_path.is_file():
         state = torch.load(state_path, weights_only=False)
@@ -379,7 +405,12 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["generator"])
         step, elapsed = state["step"], state["elapsed"]
-        log(f"resumed at step {step} ({elapsed:.0f}s trained)")
+        distill_step, distill_elapsed = state.get("distill_step", 0), state.get("distill_elapsed", 0.0)
+        if "distill_optimizer" in state:
+            distill_optimizer.load_state_dict(state["distill_optimizer"])
+            for group in distill_optimizer.param_groups:
+                group["lr"] = distill_settings.lr
+        log(f"resumed at step {step} ({elapsed:.0f}s trained), distillation step {distill_step}")
     params = sum(p.numel() for p in network.parameters())
     log(
         f"{config.family}: {params / 1e6:.2f}M parameters, {config.steps} steps of {config.batch_size}x{config.seq_len}"
@@ -401,6 +432,9 @@ def train(
             "generator": generator.get_state(),
             "step": step,
             "elapsed": elapsed,
+            "distill_optimizer": distill_optimizer.state_dict(),
+            "distill_step": distill_step,
+            "distill_elapsed": distill_elapsed,
         }
         torch.save(state, work / "state.tmp")
         (work / "state.tmp").replace(state_path)
@@ -410,7 +444,16 @@ def train(
         ar = heldout_loss(forward, objective, eval_windows, bf16=config.bf16)
         terms = heldout_objective(forward, objective, eval_windows[:16], config.seed, config.bf16)
         network.train()
-        record({"eval": True, "step": step, "elapsed": elapsed, "heldout_ar_loss": ar, "heldout_terms": terms})
+        record(
+            {
+                "eval": True,
+                "step": step,
+                "distill_step": distill_step,
+                "elapsed": elapsed + distill_elapsed,
+                "heldout_ar_loss": ar,
+                "heldout_terms": terms,
+            }
+        )
         log(f"step {step}: held-out AR loss {ar:.3f} (ppl {math.exp(ar):.2f}), objective {_fmt(terms)}")
 
     network.train()
@@ -431,7 +474,30 @@ def train(
             evaluate()
         if step % config.save_every == 0 or step == config.steps:
             save()
-    return finish(config, work, hub, network, forward, objective, corpus, elapsed, log)
+    if distill_step < config.distill_steps:
+        log(
+            f"drafter distillation: {config.distill_steps} steps of {distill_settings.batch_size} greedy rollouts of "
+            f"{distill_settings.rollout} tokens after {distill_settings.prefix} real ones"
+        )
+    while distill_step < config.distill_steps:
+        started = time.perf_counter()
+        span = distill_settings.prefix
+        offsets = torch.randint(0, train_tokens.numel() - span, (distill_settings.batch_size,), generator=generator)
+        prefixes = torch.stack([train_tokens[o : o + span] for o in offsets.tolist()])
+        windows = greedy_rollouts(forward, prefixes, distill_settings.rollout)
+        batch = distillation_batch(objective, windows, span, generator)
+        value, grad_norm, terms = optimizer_step(forward, distill_optimizer, batch, config)
+        distill_step += 1
+        distill_elapsed += time.perf_counter() - started
+        record(
+            {"step": step, "distill_step": distill_step, "elapsed": elapsed + distill_elapsed, "loss": value, **terms}
+        )
+        log(f"distillation step {distill_step}/{config.distill_steps} {distill_elapsed:.0f}s loss {value:.3f}")
+        if distill_step % 5 == 0 or distill_step == config.distill_steps:
+            save()
+        if distill_step == config.distill_steps:
+            evaluate()
+    return finish(config, work, hub, network, forward, objective, corpus, elapsed, log, distill_elapsed)
 
 
 def step_seconds(config: TrainConfig, hub: Path, *, steps: int = 4, threads: int | None = None) -> float:
@@ -470,6 +536,7 @@ def finish(
     corpus: Corpus,
     elapsed: float,
     log: Callable[[str], None] = print,
+    distill_elapsed: float = 0.0,
 ) -> dict[str, Any]:
     """Export the bfloat16 Hub checkpoint and write the summary with the full held-out perplexity."""
     network.eval()
@@ -483,6 +550,8 @@ def finish(
         "family": config.family,
         "parameters": sum(p.numel() for p in network.parameters()),
         "train_seconds": elapsed,
+        "distill_seconds": distill_elapsed,
+        "total_train_seconds": elapsed + distill_elapsed,
         "train_tokens": config.steps * config.batch_size * config.seq_len,
         "corpus_train_tokens": corpus.train.numel(),
         "heldout_files": len(corpus.heldout_files),
