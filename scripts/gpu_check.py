@@ -29,7 +29,6 @@ import sys
 import tempfile
 import time
 import traceback
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,7 @@ from specframe.bench import BenchSettings, run_bench
 from specframe.bench.output import machine_description
 from specframe.bench.tasks import get_task
 from specframe.models import load_model
+from specframe.models.hub import bundled_model, bundled_model_names
 from specframe.models.testing import (
     NEMOTRON,
     NEMOTRON_CONFIG,
@@ -60,14 +60,6 @@ def log(text: str) -> None:
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-def bundled_models() -> list[Path]:
-    """Model folders shipped under ``specframe/assets/models`` (none before the bundled models land)."""
-    root = resources.files("specframe").joinpath("assets", "models")
-    if not root.is_dir():
-        return []
-    return sorted(Path(str(p)) for p in root.iterdir() if p.is_dir() and (Path(str(p)) / "config.json").exists())
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -403,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             "bandwidth figure do not apply); run on a CUDA machine for the real check"
         )
     work = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    bundled = {f"bundled-{p.name}": p for p in bundled_models()}
+    bundled = {f"bundled-{name}": bundled_model(name) for name in bundled_model_names()}
     if not bundled:
         notes.append(
             "this installation ships no bundled model (specframe/assets/models is empty): parts (a) and "

@@ -37,31 +37,17 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
-def model_display_name(name: str) -> str:
-    """A model name as a reader can reproduce it: a bundled model by its name, not this machine's path.
-
-    Args:
-        name: A Hub repo id, a checkpoint folder, or the folder of a bundled model.
-
-    Returns:
-        ``"<name> (bundled)"`` for a folder under ``specframe/assets/models``, otherwise ``name`` unchanged.
-    """
-    path = Path(name)
-    if (
-        path.parent.name == "models"
-        and path.parent.parent.name == "assets"
-        and path.parent.parent.parent.name == "specframe"
-    ):
-        return f"{path.name} (bundled)"
-    return name
+def bundled_models_folder() -> Path:
+    """The folder that holds the bundled models (``specframe/assets/models``; it may be missing)."""
+    return Path(str(resources.files("specframe").joinpath("assets", "models")))
 
 
 def bundled_model_names() -> list[str]:
     """Names of the models shipped inside this installation (usable wherever a model is named)."""
-    folder = resources.files("specframe").joinpath("assets", "models")
+    folder = bundled_models_folder()
     if not folder.is_dir():
         return []
-    return sorted(entry.name for entry in folder.iterdir() if entry.joinpath("config.json").is_file())
+    return sorted(entry.name for entry in folder.iterdir() if (entry / "config.json").is_file())
 
 
 def bundled_model(name: str = DEFAULT_MODEL) -> Path:
@@ -70,14 +56,29 @@ def bundled_model(name: str = DEFAULT_MODEL) -> Path:
     Raises:
         CheckpointError: If this installation does not ship that model.
     """
-    folder = resources.files("specframe").joinpath("assets", "models", name)
+    folder = bundled_models_folder() / name
     if not folder.is_dir():
         raise CheckpointError(
             f"this installation of specframe ships no bundled model {name!r} "
             f"(looked for specframe/assets/models/{name}); pass a Hub repo id such as "
             "'nvidia/Nemotron-Labs-Diffusion-8B' or a local checkpoint folder"
         )
-    return Path(str(folder))
+    return folder
+
+
+def model_display_name(name: str) -> str:
+    """A model name as a reader can reproduce it: a bundled model by its name, not this machine's path.
+
+    Args:
+        name: A Hub repo id, a checkpoint folder, or the folder of a bundled model.
+
+    Returns:
+        ``"<name> (bundled)"`` for a folder of this installation's bundled models, otherwise ``name`` unchanged.
+    """
+    path = Path(name)
+    if path.is_dir() and path.resolve().parent == bundled_models_folder().resolve():
+        return f"{path.name} (bundled)"
+    return name
 
 
 def hub_offline() -> bool:

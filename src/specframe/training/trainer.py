@@ -459,8 +459,7 @@ def train(
     network.train()
     while step < config.steps:
         started = time.perf_counter()
-        offsets = torch.randint(0, train_tokens.numel() - config.seq_len, (config.batch_size,), generator=generator)
-        windows = torch.stack([train_tokens[o : o + config.seq_len] for o in offsets.tolist()])
+        windows = sample_windows(train_tokens, config.seq_len, config.batch_size, generator)
         lr = learning_rate(config, step)
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -481,11 +480,9 @@ def train(
         )
     while distill_step < config.distill_steps:
         started = time.perf_counter()
-        span = distill_settings.prefix
-        offsets = torch.randint(0, train_tokens.numel() - span, (distill_settings.batch_size,), generator=generator)
-        prefixes = torch.stack([train_tokens[o : o + span] for o in offsets.tolist()])
+        prefixes = sample_windows(train_tokens, distill_settings.prefix, distill_settings.batch_size, generator)
         windows = greedy_rollouts(forward, prefixes, distill_settings.rollout)
-        batch = distillation_batch(objective, windows, span, generator)
+        batch = distillation_batch(objective, windows, distill_settings.prefix, generator)
         value, grad_norm, terms = optimizer_step(forward, distill_optimizer, batch, config)
         distill_step += 1
         distill_elapsed += time.perf_counter() - started
@@ -498,6 +495,12 @@ def train(
         if distill_step == config.distill_steps:
             evaluate()
     return finish(config, work, hub, network, forward, objective, corpus, elapsed, log, distill_elapsed)
+
+
+def sample_windows(stream: torch.Tensor, length: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """``[count, length]`` windows of the training stream at random offsets."""
+    offsets = torch.randint(0, stream.numel() - length, (count,), generator=generator)
+    return torch.stack([stream[o : o + length] for o in offsets.tolist()])
 
 
 def step_seconds(config: TrainConfig, hub: Path, *, steps: int = 4, threads: int | None = None) -> float:
