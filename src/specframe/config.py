@@ -30,7 +30,7 @@ from typing import Any
 from specframe.decoder import Decoder
 from specframe.errors import ConfigError, SpecframeError
 from specframe.models.base import ModelBackend
-from specframe.plugins import PluginEntry, Registry, get_registry
+from specframe.plugins import PluginEntry, get_registry
 
 
 @dataclass
@@ -195,15 +195,15 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     cfg.validate()
     registry = get_registry()
     model = _load(cfg)
-    builder = build_plugin(_get(registry, "mask_builder", model.family), "mask builder", {}, model)
+    builder = build_plugin(registry.get("mask_builder", model.family), "mask builder", {}, model)
     order_name, order_options = plugin_spec("order", cfg.order)
-    order = build_plugin(_get(registry, "order_policy", order_name), "order", order_options)
+    order = build_plugin(registry.get("order_policy", order_name), "order", order_options)
     builder.check_order(order, order_name)
     rule_name, rule_options = plugin_spec("acceptance", cfg.acceptance)
-    rule = build_plugin(_get(registry, "acceptance_rule", rule_name), "acceptance", rule_options)
+    rule = build_plugin(registry.get("acceptance_rule", rule_name), "acceptance", rule_options)
     schedule_name, schedule_options = plugin_spec("schedule", cfg.schedule)
     schedule = build_plugin(
-        _get(registry, "schedule", schedule_name, family=model.family), "schedule", schedule_options
+        registry.get("schedule", schedule_name, family=model.family), "schedule", schedule_options
     )
     schedule.name = schedule.name or schedule_name
     return Decoder(
@@ -223,10 +223,6 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
 def _fields(cfg: DecoderConfig) -> dict[str, Any]:
     """The config's fields, shallowly (``dataclasses.asdict`` would deep-copy a loaded model)."""
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-
-
-def _get(registry: Registry, kind: str, name: str, *, family: str | None = None) -> PluginEntry:
-    return registry.get(kind, name, family=family)
 
 
 def _load(cfg: DecoderConfig) -> ModelBackend:

@@ -6,8 +6,8 @@ One iteration, as data::
     call   = builder.build(plan)               # PhysicalCall: rows, positions, attention
     logits = model.forward(cache, call...)     # one forward over cached prefix + new rows
     result = builder.read(call, logits)        # CallResult: verifier / drafter logits
-    schedule.update(state, plan, result)       # acceptance, next draft
-    commit accepted rows to the cache          # rollback is free: the rest is never committed
+    accepted = schedule.update(state, plan, result)  # acceptance, next draft; accepted drafts
+    commit pending + accepted draft rows       # rollback is free: the rest is never committed
 """
 
 from __future__ import annotations
@@ -182,10 +182,8 @@ class Decoder:
             metrics.nfe += 1
             metrics.rows_per_call.append(call.num_rows)
             result = builder.read(call, logits)
-            verified = len(state.verifications)
-            schedule.update(state, plan, result)
+            drafts_accepted = schedule.update(state, plan, result)
             state.calls += 1
-            drafts_accepted = state.verifications[-1].accepted if len(state.verifications) > verified else 0
             self._commit(state, call, cache, drafts_accepted)
         self._sync()
         metrics.wall_s = time.perf_counter() - started

@@ -76,11 +76,6 @@ class CallPlan:
         """Output positions of the chain tokens, in rank order."""
         return self.order[: len(self.chain)]
 
-    @property
-    def is_prefill(self) -> bool:
-        """True when more than one pending token is processed (the prompt, typically)."""
-        return len(self.pending) > 1
-
 
 @dataclass
 class PhysicalCall:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import MappingProxyType
@@ -199,6 +199,7 @@ class PluginHost:
         self.pm = pluggy.PluginManager("specframe")
         self.pm.add_hookspecs(hookspecs)
         self._distributions: dict[str, str] = {}
+        self._registry: Registry | None = None
         self.failures: list[PluginFailure] = []
         for module_name in BUILTIN_PLUGINS:
             self._register_module(module_name, module_name, BUILTIN_DISTRIBUTION)
@@ -235,6 +236,7 @@ class PluginHost:
         Returns:
             Whether the plugin was registered.
         """
+        self._registry = None  # the plugin set (or its failures) changes: collect again on next use
         unknown = [
             attr
             for attr in dir(plugin)
@@ -258,10 +260,16 @@ class PluginHost:
         """Remove a registered plugin by name."""
         self.pm.unregister(name=name)
         self._distributions.pop(name, None)
+        self._registry = None
 
     # -- collecting --------------------------------------------------------------------------------------
     def registry(self) -> Registry:
-        """Call every plugin's hooks and collect their registrations."""
+        """Every plugin's registrations, collected by calling the hooks once per change of the plugin set."""
+        if self._registry is None:
+            self._registry = self._collect()
+        return self._registry
+
+    def _collect(self) -> Registry:
         registry = Registry()
         registry.failures.extend(self.failures)
         for kind, (hook_name, _) in KINDS.items():
@@ -330,13 +338,8 @@ def reset_host(*, load_entry_points: bool = True) -> PluginHost:
 
 
 def get_registry() -> Registry:
-    """Collect a fresh :class:`Registry` from the process-wide host."""
+    """The :class:`Registry` of the process-wide host (collected again only after a plugin is (un)registered)."""
     return get_host().registry()
-
-
-def lookup(kind: str, name: str, *, family: str | None = None) -> PluginEntry:
-    """Shorthand for ``get_registry().get(kind, name, family=family)``."""
-    return get_registry().get(kind, name, family=family)
 
 
 def register_plugin(plugin: object, name: str) -> None:
@@ -355,8 +358,3 @@ def register_plugin(plugin: object, name: str) -> None:
 def unregister_plugin(name: str) -> None:
     """Remove a plugin registered with :func:`register_plugin`."""
     get_host().unregister(name)
-
-
-def describe_all(entries: Iterable[PluginEntry]) -> list[dict[str, str]]:
-    """JSON-ready rows for a list of entries."""
-    return [e.describe() for e in entries]

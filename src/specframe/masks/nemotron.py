@@ -167,12 +167,7 @@ class NemotronMaskBuilder(MaskBuilder):
         return len(plan.drafts) == 1 and plan.drafts[0].context == 0 and len(plan.pending) == 1
 
 
-def make_builder(model) -> NemotronMaskBuilder:
-    """Factory: the Nemotron mask builder for ``model``."""
-    return NemotronMaskBuilder(model)
-
-
 @hookimpl
 def register_mask_builders(register):
     """Register the layout of the ``nemotron-labs-diffusion`` family."""
-    register("nemotron-labs-diffusion", make_builder)
+    register("nemotron-labs-diffusion", NemotronMaskBuilder)

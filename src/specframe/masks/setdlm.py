@@ -76,12 +76,7 @@ class SetDLMMaskBuilder(MaskBuilder):
         return max(prompt_length + 3 * width + 1, 1 + 2 * width + width * width)
 
 
-def make_builder(model) -> SetDLMMaskBuilder:
-    """Factory: the SetDLM mask builder for ``model``."""
-    return SetDLMMaskBuilder(model)
-
-
 @hookimpl
 def register_mask_builders(register):
     """Register the layout of the ``setdlm`` family."""
-    register("setdlm", make_builder)
+    register("setdlm", SetDLMMaskBuilder)

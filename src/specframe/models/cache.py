@@ -121,10 +121,3 @@ class KVCache:
         self.values[:, : len(keep)] = self.values.index_select(1, index)
         self.positions = [self.positions[i] for i in keep]
         self.length = len(keep)
-
-    def truncate(self, length: int) -> None:
-        """Forget committed rows beyond ``length`` (used by tests and by schedules that recompute)."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"cannot truncate a cache of {self.length} rows to {length}")
-        self.length = length
-        del self.positions[length:]

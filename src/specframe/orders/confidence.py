@@ -33,12 +33,7 @@ class ConfidenceOrder(OrderPolicy):
         return {"name": "confidence"}
 
 
-def make_confidence() -> ConfidenceOrder:
-    """Factory for the ``confidence`` order, which takes no options."""
-    return ConfidenceOrder()
-
-
 @hookimpl
 def register_order_policies(register):
     """Register the ``confidence`` order."""
-    register("confidence", make_confidence)
+    register("confidence", ConfidenceOrder)

@@ -22,12 +22,7 @@ class LeftToRight(OrderPolicy):
         return {"name": "ltr"}
 
 
-def make_ltr() -> LeftToRight:
-    """Factory for the ``ltr`` order, which takes no options."""
-    return LeftToRight()
-
-
 @hookimpl
 def register_order_policies(register):
     """Register the ``ltr`` order."""
-    register("ltr", make_ltr)
+    register("ltr", LeftToRight)

@@ -22,17 +22,12 @@ class ARSchedule(Schedule):
         position = state.leftmost_unresolved()
         return CallPlan(pending=state.pending, order=(position,), chain=(), num_verify=1, drafts=(), width=1)
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
-        """Take the verifier's token (argmax or sample) and accept it."""
-        verify_planned_chain(state, plan, result)
-
-
-def make_ar() -> ARSchedule:
-    """Factory for the ``ar`` schedule, which takes no options."""
-    return ARSchedule()
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+        """Take the verifier's token (argmax or sample) and accept it; no draft is ever accepted."""
+        return verify_planned_chain(state, plan, result).accepted
 
 
 @hookimpl
 def register_schedules(register):
     """Register the ``ar`` schedule."""
-    register("ar", make_ar)
+    register("ar", ARSchedule)

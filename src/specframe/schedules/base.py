@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from specframe.acceptance.base import DraftRef, Proposals, Verdict
-from specframe.plan import CallPlan, CallResult
+from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.state import DecodeState
 
 
@@ -26,8 +26,14 @@ class Schedule(ABC):
         """The next call to make (only called while ``state.done`` is False)."""
 
     @abstractmethod
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
-        """Apply the result of ``plan``'s call: accept tokens, store new drafts and scores."""
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+        """Apply the result of ``plan``'s call: accept tokens, store new drafts and scores.
+
+        Returns:
+            How many of ``plan``'s chain tokens (draft tokens) were accepted, ``verdict.accepted`` of
+            :func:`verify_planned_chain`; 0 when the call verified nothing. The decoder keeps exactly those
+            draft rows (and the pending tokens) in the KV cache.
+        """
 
     def describe(self) -> dict[str, object]:
         """JSON-friendly description."""
@@ -144,6 +150,18 @@ def propose(state: DecodeState, logits) -> Proposals | None:
     if logits.shape[0] == 0:
         return None
     return state.ctx.rule.propose(logits, state.ctx.generator)
+
+
+def draft_plan(state: DecodeState, targets: tuple[int, ...]) -> CallPlan:
+    """A drafting-only plan: nothing to verify, one draft group over ``targets`` from the verified prefix."""
+    return CallPlan(
+        pending=state.pending,
+        order=(),
+        chain=(),
+        num_verify=0,
+        drafts=(DraftGroup(context=0, targets=targets),),
+        width=state.ctx.width,
+    )
 
 
 def window_plan(

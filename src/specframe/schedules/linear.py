@@ -10,9 +10,10 @@ verification (appendix E.6); the order is fixed before the drafting call.
 from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
-from specframe.plan import CallPlan, CallResult, DraftGroup
+from specframe.plan import CallPlan, CallResult
 from specframe.schedules.base import (
     Schedule,
+    draft_plan,
     propose,
     store_drafts,
     verification_window,
@@ -31,33 +32,21 @@ class LinearSchedule(Schedule):
         """Prompt call, then alternately a drafting call (no stored draft) and a verification call."""
         if state.first_call or state.drafts:
             return window_plan(state, verification_window(state))
-        targets = tuple(state.window())
-        return CallPlan(
-            pending=state.pending,
-            order=(),
-            chain=(),
-            num_verify=0,
-            drafts=(DraftGroup(context=0, targets=targets),),
-            width=state.ctx.width,
-        )
+        return draft_plan(state, tuple(state.window()))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
         """Store a fresh draft, or verify one and remember the verifier's confidence per position."""
         if plan.num_verify == 0:
             proposals = propose(state, result.draft_logits[0])
             store_drafts(state, plan.drafts[0].targets, proposals, keep_scores=True)
-            return
+            return 0
         verdict = verify_planned_chain(state, plan, result)
         scores = dict(zip(plan.order[: plan.num_verify], verdict.scores.tolist(), strict=True))
         state.set_drafts({}, scores)
-
-
-def make_linear() -> LinearSchedule:
-    """Factory for the ``linear`` schedule, which takes no options."""
-    return LinearSchedule()
+        return verdict.accepted
 
 
 @hookimpl
 def register_schedules(register):
     """Register the ``linear`` schedule."""
-    register("linear", make_linear)
+    register("linear", LinearSchedule)

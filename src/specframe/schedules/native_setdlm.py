@@ -10,51 +10,29 @@ verification: the output is the diffusion decoder's, not the any-order AR model'
 from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
-from specframe.plan import CallPlan, CallResult, DraftGroup
-from specframe.schedules.base import Schedule
-from specframe.schedules.native_nemotron import commit_confident, make_native
+from specframe.plan import CallPlan, CallResult
+from specframe.schedules.base import draft_plan
+from specframe.schedules.native import NativeSchedule
 from specframe.state import DecodeState
 
 
-class SlidingWindowSchedule(Schedule):
+class SlidingWindowSchedule(NativeSchedule):
     """Threshold decoding over a sliding window of W positions.
 
     Args:
         threshold: Confidence at or above which a position is committed besides the most confident one.
     """
 
-    name = "native"
-
-    def __init__(self, threshold: float = 0.9) -> None:
-        self.threshold = threshold
-
     def plan(self, state: DecodeState) -> CallPlan:
         """Predict every unresolved position of the window from the decoded context."""
-        return CallPlan(
-            pending=state.pending,
-            order=(),
-            chain=(),
-            num_verify=0,
-            drafts=(DraftGroup(context=0, targets=tuple(state.window())),),
-            width=state.ctx.width,
-        )
+        return draft_plan(state, tuple(state.window()))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
         """Commit the confident predictions."""
-        proposals = state.ctx.rule.propose(result.draft_logits[0], state.ctx.generator)
-        commit_confident(state, plan.drafts[0].targets, proposals, self.threshold)
-
-    def describe(self) -> dict[str, object]:
-        """Name and threshold."""
-        return {"name": self.name, "threshold": self.threshold}
-
-
-def make_sliding_window(threshold: float = 0.9) -> SlidingWindowSchedule:
-    """Factory for SetDLM's ``native`` schedule (validates ``threshold`` like Nemotron's)."""
-    return SlidingWindowSchedule(make_native(threshold).threshold)
+        return self.commit_confident(state, plan.drafts[0].targets, result.draft_logits[0])
 
 
 @hookimpl
 def register_schedules(register):
     """Register ``native`` for the SetDLM family."""
-    register("native", make_sliding_window, family="setdlm")
+    register("native", SlidingWindowSchedule, family="setdlm")

@@ -42,19 +42,15 @@ class PackedSchedule(Schedule):
             targets = window.window
         return window_plan(state, window, (DraftGroup(context=0, targets=targets),))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
         """Verify against the stored proposals, then keep the fresh proposals at unresolved positions."""
-        verify_planned_chain(state, plan, result)
+        verdict = verify_planned_chain(state, plan, result)
         proposals = propose(state, result.draft_logits[0])
         store_drafts(state, plan.drafts[0].targets, proposals)
-
-
-def make_packed() -> PackedSchedule:
-    """Factory for the ``packed`` schedule, which takes no options."""
-    return PackedSchedule()
+        return verdict.accepted
 
 
 @hookimpl
 def register_schedules(register):
     """Register the ``packed`` schedule."""
-    register("packed", make_packed)
+    register("packed", PackedSchedule)

@@ -37,21 +37,17 @@ class QuadraticSchedule(Schedule):
             groups.append(DraftGroup(context=min(outcome - 1, kappa), targets=targets))
         return window_plan(state, window, tuple(groups))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
         """Verify, then sample the draft from the branch that matches the outcome."""
         verdict = verify_planned_chain(state, plan, result)
         outcome = verdict.accepted + (1 if verdict.token is not None else 0)
         branch = outcome - 1
         proposals = propose(state, result.draft_logits[branch])
         store_drafts(state, plan.drafts[branch].targets, proposals)
-
-
-def make_quadratic() -> QuadraticSchedule:
-    """Factory for the ``quadratic`` schedule, which takes no options."""
-    return QuadraticSchedule()
+        return verdict.accepted
 
 
 @hookimpl
 def register_schedules(register):
     """Register the ``quadratic`` schedule."""
-    register("quadratic", make_quadratic)
+    register("quadratic", QuadraticSchedule)

@@ -40,11 +40,18 @@ class AdaptivePackedSchedule(Schedule):
         min_width: Smallest draft width while drafting (the decoder's width W is the largest).
         patience: Checked drafts in a row without an accepted token before falling back to AR calls.
         cooldown: AR calls to make before drafting again.
+
+    Raises:
+        ValueError: If an option is not an integer >= 1 (specframe reports it as a ConfigError naming the
+            schedule).
     """
 
     name = "adaptive-packed"
 
     def __init__(self, min_width: int = 2, patience: int = 3, cooldown: int = 8) -> None:
+        for option, value in (("min_width", min_width), ("patience", patience), ("cooldown", cooldown)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{option} must be an integer >= 1, got {value!r}")
         self.min_width = min_width
         self.patience = patience
         self.cooldown = cooldown
@@ -126,36 +133,24 @@ class AdaptivePackedSchedule(Schedule):
     # --8<-- [end:plan]
 
     # --8<-- [start:update]
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> None:
-        """Verify with the library's acceptance rule, then keep the fresh proposals (or none)."""
-        verify_planned_chain(state, plan, result)
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+        """Verify with the library's acceptance rule, keep the fresh proposals (or none); return accepted drafts."""
+        verdict = verify_planned_chain(state, plan, result)
         if plan.drafts:
             proposals = propose(state, result.draft_logits[0])
             store_drafts(state, plan.drafts[0].targets, proposals)
         else:
             store_drafts(state, (), None)  # what is left of a rejected draft is not checked again
+        return verdict.accepted
 
     # --8<-- [end:update]
 
 
 # --8<-- [start:register]
-def make_adaptive_packed(min_width: int = 2, patience: int = 3, cooldown: int = 8) -> AdaptivePackedSchedule:
-    """Factory for the ``adaptive-packed`` schedule.
-
-    Raises:
-        ValueError: If an option is not an integer >= 1 (specframe reports it as a ConfigError naming the
-            schedule).
-    """
-    for option, value in (("min_width", min_width), ("patience", patience), ("cooldown", cooldown)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{option} must be an integer >= 1, got {value!r}")
-    return AdaptivePackedSchedule(min_width, patience, cooldown)
-
-
 @hookimpl
 def register_schedules(register):
     """Register ``adaptive-packed`` for every model family."""
-    register("adaptive-packed", make_adaptive_packed)
+    register("adaptive-packed", AdaptivePackedSchedule)
 
 
 # --8<-- [end:register]

@@ -1,0 +1,188 @@
+"""``load_model``: find a checkpoint, settle device and dtype, and let its model family load it.
+
+Each thing is resolved once, in this order: the device (so that a bad one fails before any download), the
+folder (local, bundled or downloaded from the Hub), ``config.json``, the family (by ``model_type``), the
+dtype (which may depend on ``config.json``). The family's loader receives the result as a
+:class:`Checkpoint` and only builds the network.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specframe.errors import CheckpointError, ConfigError
+from specframe.models.base import ModelBackend
+from specframe.models.config_json import checkpoint_dtype, read_config
+from specframe.models.hub import resolve_source
+from specframe.plugins import PluginEntry, get_registry
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "double": torch.float64,
+}
+_SUPPORTED = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """A usable torch device (``None`` means CPU).
+
+    Raises:
+        ConfigError: If the name is invalid or the device is not available on this machine.
+    """
+    if device is None:
+        return torch.device("cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"invalid device {device!r} ({exc}); use e.g. 'cpu', 'cuda' or 'cuda:1'") from exc
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(
+                f"device {device!r} is unavailable: this PyTorch build or machine has no CUDA; use device='cpu' "
+                "or install a CUDA build of torch"
+            )
+        count = torch.cuda.device_count()
+        if resolved.index is not None and resolved.index >= count:
+            raise ConfigError(f"device {device!r} is unavailable: only {count} CUDA device(s) are visible")
+        if resolved.index is None:
+            resolved = torch.device("cuda", torch.cuda.current_device())
+    elif resolved.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"device {device!r} is unavailable on this machine; use device='cpu'")
+    elif resolved.type not in ("cpu", "meta"):
+        raise ConfigError(f"unsupported device type {resolved.type!r}; use 'cpu', 'cuda' or 'mps'")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, saved: str | None = None) -> torch.dtype:
+    """The dtype to run a model in.
+
+    Args:
+        dtype: Requested dtype (name or torch dtype); ``None`` picks float32 on the CPU and the checkpoint's
+            own dtype (``saved``, default float32) on accelerators.
+        device: Target device.
+        saved: The checkpoint's ``torch_dtype``, if recorded.
+
+    Raises:
+        ConfigError: If the dtype is unknown or unsupported (on this device).
+    """
+    if dtype is None:
+        if device.type == "cpu" or saved is None:
+            return torch.float32
+        dtype = DTYPES.get(saved.lower(), torch.float32)
+    if isinstance(dtype, str):
+        key = dtype.lower().removeprefix("torch.")
+        if key not in DTYPES:
+            raise ConfigError(f"unsupported dtype {dtype!r}; use one of {', '.join(sorted(DTYPES))}")
+        dtype = DTYPES[key]
+    if not isinstance(dtype, torch.dtype) or dtype not in _SUPPORTED:
+        names = ", ".join(str(d).removeprefix("torch.") for d in _SUPPORTED)
+        raise ConfigError(f"unsupported dtype {dtype!r}; models run in {names}")
+    if dtype == torch.float64 and device.type == "mps":
+        raise ConfigError("float64 is not supported on MPS; use float32 or run on the CPU")
+    return dtype
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A located checkpoint and the device and dtype to load it on: what a family's loader receives.
+
+    Attributes:
+        folder: Local folder with config.json and the weights.
+        config: The parsed config.json.
+        name: How the user named the model (repo id, bundled name or folder): the loaded model's ``name``.
+        device: Target device.
+        dtype: Target dtype.
+    """
+
+    folder: Path
+    config: dict[str, Any]
+    name: str
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def where(self) -> str:
+        """The folder, for messages."""
+        return str(self.folder)
+
+
+def load_model(
+    source: str | os.PathLike[str] | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    revision: str | None = None,
+    family: str | None = None,
+    adapter: bool | str | os.PathLike[str] = False,
+) -> ModelBackend:
+    """Load a model from the Hub, a local folder, or the bundled default.
+
+    Args:
+        source: Hub repo id (e.g. ``"nvidia/Nemotron-Labs-Diffusion-8B"``), a local folder in the Hub layout
+            (config.json, safetensors or .bin weights, tokenizer.json), a bundled model's name
+            (``"setdlm-stdlib-tiny"``), or ``None`` for the bundled default (``"nemotron-stdlib-tiny"``).
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
+        dtype: ``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``, ``"float16"``, ``"float64"`` or a torch
+            dtype; default float32 on CPU and the checkpoint's own dtype on accelerators.
+        revision: Hub branch, tag or commit.
+        family: Force a model family (e.g. ``"setdlm"``) instead of choosing by ``model_type``.
+        adapter: Load the family's proposal-only adapter (``True``, or an adapter folder).
+
+    Returns:
+        The loaded backend.
+
+    Raises:
+        CheckpointError: If the checkpoint cannot be found, read or recognised.
+        ConfigError: If the device or dtype is unavailable, or the family has no adapter.
+        UnknownPluginError: If ``family`` names no registered family.
+    """
+    resolved_device = resolve_device(device)  # fail before any download
+    folder = resolve_source(source, revision=revision, adapter=adapter is True)
+    config = read_config(folder)
+    entry = _pick_family(config, family, folder)
+    options: dict[str, object] = {}
+    if adapter is not False:
+        if "adapter" not in inspect.signature(entry.factory).parameters:
+            raise ConfigError(
+                f"model family {entry.name!r} has no proposal-only adapter; drop adapter=True (--adapter on the "
+                "command line)"
+            )
+        options["adapter"] = adapter
+    resolved_dtype = resolve_dtype(dtype, resolved_device, checkpoint_dtype(config))
+    name = os.fspath(source) if source is not None else str(folder)
+    return entry.factory(Checkpoint(folder, config, name, resolved_device, resolved_dtype), **options)
+
+
+def _pick_family(config: dict, family: str | None, folder: os.PathLike[str]) -> PluginEntry:
+    registry = get_registry()
+    if family is not None:
+        return registry.get("model_backend", family)
+    model_type = config.get("model_type")
+    known: dict[str, PluginEntry] = {}
+    for entry in registry.entries("model_backend"):
+        for name in entry.extras.get("model_types", ()):
+            known.setdefault(name, entry)
+    if model_type in known:
+        return known[model_type]
+    listing = ", ".join(f"{name!r} ({entry.name})" for name, entry in sorted(known.items())) or "none"
+    found = f"model_type {model_type!r}" if model_type is not None else "no model_type"
+    raise CheckpointError(
+        f"{folder}/config.json has {found}; known model types: {listing}. Pass family=... to load it with a "
+        "specific family, or install the plugin for this model type"
+    )
