@@ -11,7 +11,7 @@ Load a model with :func:`load_model`; every family implements :class:`ModelBacke
 
 from specframe.models.base import ModelBackend, TextTokenizer
 from specframe.models.cache import KVCache
-from specframe.models.loader import load_model
+from specframe.models.loading import load_model
 from specframe.models.tokenizer import HubTokenizer
 
 __all__ = ["HubTokenizer", "KVCache", "ModelBackend", "TextTokenizer", "load_model"]

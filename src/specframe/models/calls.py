@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from specframe.errors import InputError
@@ -11,38 +9,40 @@ from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
 
 
-@dataclass(frozen=True)
-class Call:
-    """The inputs of one :meth:`ModelBackend.forward` call (see there)."""
+def check_call(
+    model: ModelBackend,
+    cache: KVCache,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention: torch.Tensor,
+    output_rows: torch.Tensor | None = None,
+    adapter_rows: torch.Tensor | None = None,
+    *,
+    values: bool = True,
+) -> None:
+    """Check the arguments of :meth:`ModelBackend.forward` (see there) before the call runs.
 
-    cache: KVCache
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    attention: torch.Tensor
-    output_rows: torch.Tensor | None = None
-    adapter_rows: torch.Tensor | None = None
-
-    @property
-    def rows(self) -> int:
-        """Number of new rows."""
-        return self.input_ids.shape[0]
-
-
-def check_call(model: ModelBackend, call: Call, *, values: bool = True) -> None:
-    """Check shapes, dtypes and devices (no host sync) and, with ``values``, the ids (one host sync).
+    Shapes, dtypes and devices are checked without a host sync; with ``values``, the ids too (one host sync).
 
     Raises:
         InputError: Naming every problem found.
     """
-    problems = _shape_problems(model, call)
+    problems = _shape_problems(model, cache, input_ids, position_ids, attention, output_rows, adapter_rows)
     if not problems and values:
-        problems = _value_problems(model, call)
+        problems = _value_problems(model, cache, input_ids, position_ids, attention, output_rows)
     if problems:
         raise InputError("; ".join(problems))
 
 
-def _shape_problems(model: ModelBackend, call: Call) -> list[str]:
-    ids, positions, attention = call.input_ids, call.position_ids, call.attention
+def _shape_problems(
+    model: ModelBackend,
+    cache: KVCache,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    attention: torch.Tensor,
+    output_rows: torch.Tensor | None,
+    adapter: torch.Tensor | None,
+) -> list[str]:
     rows = ids.shape[0] if ids.dim() == 1 else -1
     problems = []
     if rows < 1:
@@ -56,14 +56,13 @@ def _shape_problems(model: ModelBackend, call: Call) -> list[str]:
     if attention.shape != (rows, rows) or attention.dtype != torch.bool:
         got = f"{attention.dtype} {list(attention.shape)}"
         problems.append(f"attention must be a [{rows}, {rows}] bool tensor, got {got}")
-    if call.output_rows is not None and call.output_rows.dim() != 1:
-        problems.append(f"output_rows must be 1-D, got shape {list(call.output_rows.shape)}")
-    adapter = call.adapter_rows
+    if output_rows is not None and output_rows.dim() != 1:
+        problems.append(f"output_rows must be 1-D, got shape {list(output_rows.shape)}")
     if adapter is not None and (adapter.shape != (rows,) or adapter.dtype != torch.bool):
         problems.append(f"adapter_rows must be a [{rows}] bool tensor, got {adapter.dtype} {list(adapter.shape)}")
-    keys = call.cache.keys
+    keys = cache.keys
     expected = (model.num_layers, model.num_kv_heads, model.head_dim)
-    found = (call.cache.num_layers, *keys.shape[2:])
+    found = (cache.num_layers, *keys.shape[2:])
     if found != expected or keys.dtype != model.dtype or keys.device != model.device:
         problems.append(
             f"the KV cache ({keys.dtype}, {keys.device}, layers/heads/head size {found}) was not made for this "
@@ -72,13 +71,20 @@ def _shape_problems(model: ModelBackend, call: Call) -> list[str]:
     return problems
 
 
-def _value_problems(model: ModelBackend, call: Call) -> list[str]:
-    stats = [call.input_ids.min(), call.input_ids.max(), call.position_ids.min(), call.position_ids.max()]
-    selected = call.output_rows is not None and call.output_rows.numel() > 0
+def _value_problems(
+    model: ModelBackend,
+    cache: KVCache,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    attention: torch.Tensor,
+    output_rows: torch.Tensor | None,
+) -> list[str]:
+    stats = [ids.min(), ids.max(), positions.min(), positions.max()]
+    selected = output_rows is not None and output_rows.numel() > 0
     if selected:
-        stats += [call.output_rows.min(), call.output_rows.max()]
-    if call.cache.length == 0:  # with cached rows every row sees something
-        stats.append((~call.attention.any(dim=1)).sum())
+        stats += [output_rows.min(), output_rows.max()]
+    if cache.length == 0:  # with cached rows every row sees something
+        stats.append((~attention.any(dim=1)).sum())
     values = torch.stack([s.to(torch.int64) for s in stats]).tolist()  # one host sync
     low_id, high_id, low_pos, high_pos = values[:4]
     problems = []
@@ -92,8 +98,9 @@ def _value_problems(model: ModelBackend, call: Call) -> list[str]:
             f"position id {high_pos} is beyond the model's context of {model.max_positions + 1} positions "
             "(max_position_embeddings): shorten the prompt or the requested output"
         )
-    if selected and (values[4] < 0 or values[5] >= call.rows):
-        problems.append(f"output_rows must index the {call.rows} rows of the call")
-    if call.cache.length == 0 and values[-1]:
+    rows = ids.shape[0]
+    if selected and (values[4] < 0 or values[5] >= rows):
+        problems.append(f"output_rows must index the {rows} rows of the call")
+    if cache.length == 0 and values[-1]:
         problems.append(f"{values[-1]} row(s) attend to nothing (empty cache and an all-False mask row)")
     return problems

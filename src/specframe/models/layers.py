@@ -5,7 +5,7 @@ against the keys and values already in the :class:`~specframe.models.cache.KVCac
 computed from each row's own position id, so rows may carry arbitrary, scattered or repeated positions.
 
 Training (:mod:`specframe.training`) drives the same modules without a cache: rows are then batched,
-``[B, T, ...]``, and attend among themselves under a ``[B, T, T]`` mask (see :class:`CallContext`).
+``[B, T, ...]``, and attend among themselves under a ``[B, T, T]`` mask (see :class:`ForwardContext`).
 """
 
 from __future__ import annotations
@@ -173,7 +173,7 @@ def llama4_query_scale(positions: torch.Tensor, beta: float, length: int, dtype:
 
 
 @dataclass
-class CallContext:
+class ForwardContext:
     """Per-call tensors shared by every layer.
 
     Without a cache (training), the rows are batched as ``[B, T]`` and attend only among themselves: ``cos``
@@ -235,7 +235,7 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.o_lora: LowRankUpdate | None = None
 
-    def forward(self, x: torch.Tensor, ctx: CallContext, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
         """Attend from the rows ``x`` (``[R, hidden]``); stages their keys/values in layer ``layer`` of the cache.
 
         Without a cache in ``ctx``, ``x`` is a batch ``[B, T, hidden]`` whose rows attend among themselves.
@@ -309,7 +309,7 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
-    def forward(self, x: torch.Tensor, ctx: CallContext, layer: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
         """Run the block on ``[R, hidden]`` rows."""
         x = x + self.self_attn(self.input_layernorm(x), ctx, layer)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -16,11 +16,10 @@ from pathlib import Path
 import torch
 
 from specframe.errors import CheckpointError
-from specframe.models.config import Fields, read_json
+from specframe.models.config_json import Fields, read_json
 from specframe.models.layers import LowRankUpdate
-from specframe.models.state import freeze
 from specframe.models.transformer import DecoderNetwork
-from specframe.models.weights import open_weights
+from specframe.models.weights import freeze, open_weights
 
 SUPPORTED_TARGETS = ("o_proj",)
 

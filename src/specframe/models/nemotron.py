@@ -16,11 +16,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from specframe.hookspecs import Register, hookimpl
-from specframe.models.checkpoint import locate_checkpoint
-from specframe.models.config import (
+from specframe.models.config_json import (
     Fields,
     check_special_ids,
     read_dims,
@@ -29,11 +26,11 @@ from specframe.models.config import (
     token_ids,
 )
 from specframe.models.hub import ADAPTER_FOLDER
+from specframe.models.loading import Checkpoint
 from specframe.models.lora import attach_lora
-from specframe.models.state import KeyLayout
 from specframe.models.tokenizer import load_tokenizer
-from specframe.models.transformer import DecoderBackend, DecoderConfig, SpecialTokens, build_network
-from specframe.models.weights import open_weights
+from specframe.models.transformer import DecoderBackend, NetworkConfig, SpecialTokens, build_network
+from specframe.models.weights import KeyLayout, open_weights
 
 FAMILY = "nemotron-labs-diffusion"
 MODEL_TYPES = ("nemotron_labs_diffusion",)
@@ -46,7 +43,7 @@ class NemotronLabsDiffusion(DecoderBackend):
     family = FAMILY
 
 
-def parse_config(raw: dict[str, Any], where: str) -> tuple[DecoderConfig, SpecialTokens]:
+def parse_config(raw: dict[str, Any], where: str) -> tuple[NetworkConfig, SpecialTokens]:
     """Network settings and special ids from a Nemotron-Labs-Diffusion ``config.json``.
 
     Raises:
@@ -63,7 +60,7 @@ def parse_config(raw: dict[str, Any], where: str) -> tuple[DecoderConfig, Specia
     eos = token_ids(raw.get("eos_token_id"))
     bos, pad = raw.get("bos_token_id"), raw.get("pad_token_id")
     check_special_ids({"mask_token_id": mask, "eos_token_id": eos, "bos_token_id": bos}, dims.vocab_size, where)
-    config = DecoderConfig(
+    config = NetworkConfig(
         dims=dims,
         rope=rope,
         query_scale_beta=float(beta),
@@ -72,28 +69,16 @@ def parse_config(raw: dict[str, Any], where: str) -> tuple[DecoderConfig, Specia
     return config, SpecialTokens(mask=mask, eos=eos, bos=bos, pad=pad)
 
 
-def load(
-    source: str | os.PathLike[str] | None,
-    *,
-    device: str | torch.device | None = "cpu",
-    dtype: str | torch.dtype | None = None,
-    revision: str | None = None,
-    adapter: bool | str | os.PathLike[str] = False,
-) -> NemotronLabsDiffusion:
-    """Load a Nemotron-Labs-Diffusion checkpoint.
+def load(ckpt: Checkpoint, *, adapter: bool | str | os.PathLike[str] = False) -> NemotronLabsDiffusion:
+    """Load a located Nemotron-Labs-Diffusion checkpoint (use :func:`specframe.models.load_model`).
 
     Args:
-        source: Local folder or Hub repo id (``None``: the bundled default model).
-        device: Where to put the weights.
-        dtype: Weight dtype (default: float32 on CPU, the checkpoint's dtype on accelerators).
-        revision: Hub revision.
+        ckpt: The checkpoint's folder and config, and the device and dtype to load it on.
         adapter: Load the proposal-only LoRA: ``True`` for ``linear_spec_lora/``, or an adapter folder.
 
     Raises:
-        CheckpointError: If the checkpoint is missing, malformed or inconsistent.
-        ConfigError: If the device or dtype is unavailable.
+        CheckpointError: If the checkpoint is malformed or inconsistent.
     """
-    ckpt = locate_checkpoint(source, device=device, dtype=dtype, revision=revision, adapter=adapter is True)
     config, special = parse_config(ckpt.config, str(ckpt.folder / "config.json"))
     tokenizer = load_tokenizer(ckpt.folder, config.dims.vocab_size)
     with open_weights(ckpt.folder) as tensors:

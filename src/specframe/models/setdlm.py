@@ -13,7 +13,6 @@ the Hub by the name in ``backbone_config.pretrained_model_name_or_path``). A pla
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -23,8 +22,7 @@ import torch
 
 from specframe.errors import CheckpointError
 from specframe.hookspecs import Register, hookimpl
-from specframe.models.checkpoint import locate_checkpoint
-from specframe.models.config import (
+from specframe.models.config_json import (
     Fields,
     check_special_ids,
     read_dims,
@@ -33,10 +31,10 @@ from specframe.models.config import (
     token_ids,
 )
 from specframe.models.hub import download
-from specframe.models.state import KeyLayout
+from specframe.models.loading import Checkpoint
 from specframe.models.tokenizer import HubTokenizer, load_tokenizer
-from specframe.models.transformer import DecoderBackend, DecoderConfig, SpecialTokens, build_network
-from specframe.models.weights import TensorSource, open_weights
+from specframe.models.transformer import DecoderBackend, NetworkConfig, SpecialTokens, build_network
+from specframe.models.weights import KeyLayout, TensorSource, open_weights
 
 FAMILY = "setdlm"
 MODEL_TYPES = ("bd3lm",)
@@ -114,7 +112,7 @@ def _backbone_config_path(name: object) -> Path:
     return download(name, revision=None, patterns=[], filename="config.json")
 
 
-def parse_config(raw: Mapping[str, Any], folder: Path) -> DecoderConfig:
+def parse_config(raw: Mapping[str, Any], folder: Path) -> NetworkConfig:
     """Network settings of a SetDLM checkpoint.
 
     Raises:
@@ -130,7 +128,7 @@ def parse_config(raw: Mapping[str, Any], folder: Path) -> DecoderConfig:
     rope = read_rope(fields, dims.max_positions)
     fields.check()
     tied = bool(merged.get("tie_word_embeddings", True))
-    return DecoderConfig(dims=dims, rope=rope, qk_norm=True, tie_embeddings=tied)
+    return NetworkConfig(dims=dims, rope=rope, qk_norm=True, tie_embeddings=tied)
 
 
 def special_tokens(raw: Mapping[str, Any], tokenizer: HubTokenizer | None, where: str) -> SpecialTokens:
@@ -159,7 +157,7 @@ def special_tokens(raw: Mapping[str, Any], tokenizer: HubTokenizer | None, where
     return SpecialTokens(mask=mask, eos=tuple(dict.fromkeys(eos)), pad=pad if pad is not None else vocab(PAD_TOKEN))
 
 
-def key_layout(source: TensorSource, config: DecoderConfig, where: str) -> KeyLayout:
+def key_layout(source: TensorSource, config: NetworkConfig, where: str) -> KeyLayout:
     """The checkpoint layout in use (BD3LM or plain Qwen3), checking a tied output layer's shape.
 
     Raises:
@@ -184,26 +182,15 @@ def key_layout(source: TensorSource, config: DecoderConfig, where: str) -> KeyLa
     raise CheckpointError(f"{where}: no embedding found (expected {expected}); is this a SetDLM/Qwen3 checkpoint?")
 
 
-def load(
-    source: str | os.PathLike[str] | None,
-    *,
-    device: str | torch.device | None = "cpu",
-    dtype: str | torch.dtype | None = None,
-    revision: str | None = None,
-) -> SetDLM:
-    """Load a SetDLM checkpoint.
+def load(ckpt: Checkpoint) -> SetDLM:
+    """Load a located SetDLM checkpoint (use :func:`specframe.models.load_model`).
 
     Args:
-        source: Local folder or Hub repo id (``None``: the bundled default model).
-        device: Where to put the weights.
-        dtype: Weight dtype (default: float32 on CPU, the checkpoint's dtype on accelerators).
-        revision: Hub revision.
+        ckpt: The checkpoint's folder and config, and the device and dtype to load it on.
 
     Raises:
-        CheckpointError: If the checkpoint is missing, malformed or inconsistent.
-        ConfigError: If the device or dtype is unavailable.
+        CheckpointError: If the checkpoint is malformed or inconsistent.
     """
-    ckpt = locate_checkpoint(source, device=device, dtype=dtype, revision=revision)
     config = parse_config(ckpt.config, ckpt.folder)
     tokenizer = load_tokenizer(ckpt.folder, config.dims.vocab_size)
     special = special_tokens(ckpt.config, tokenizer, ckpt.where)

@@ -1,7 +1,7 @@
 """The decoder network both families share, and the :class:`ModelBackend` that evaluates calls with it.
 
-A family contributes a :class:`DecoderConfig` (sizes, RoPE, Qwen3 qk-norm, tied head, Llama-4 query
-scaling), its checkpoint :class:`~specframe.models.state.KeyLayout` and its special tokens; everything else,
+A family contributes a :class:`NetworkConfig` (sizes, RoPE, Qwen3 qk-norm, tied head, Llama-4 query
+scaling), its checkpoint :class:`~specframe.models.weights.KeyLayout` and its special tokens; everything else,
 from building the module on the meta device to validating a call's inputs, lives here.
 """
 
@@ -15,16 +15,15 @@ from torch import nn
 
 from specframe.models.base import ModelBackend, TextTokenizer
 from specframe.models.cache import KVCache
-from specframe.models.calls import Call, check_call
-from specframe.models.checkpoint import Checkpoint
-from specframe.models.config import DecoderDims
-from specframe.models.layers import CallContext, DecoderLayer, RMSNorm, RopeSpec, RotaryEmbedding, llama4_query_scale
-from specframe.models.state import KeyLayout, load_state
-from specframe.models.weights import TensorSource
+from specframe.models.calls import check_call
+from specframe.models.config_json import DecoderDims
+from specframe.models.layers import DecoderLayer, ForwardContext, RMSNorm, RopeSpec, RotaryEmbedding, llama4_query_scale
+from specframe.models.loading import Checkpoint
+from specframe.models.weights import KeyLayout, TensorSource, load_state
 
 
 @dataclass(frozen=True)
-class DecoderConfig:
+class NetworkConfig:
     """Everything that shapes the network.
 
     Attributes:
@@ -64,7 +63,7 @@ class SpecialTokens:
 class DecoderStack(nn.Module):
     """Token embedding, transformer blocks and final norm (Llama / Mistral / Qwen3 naming)."""
 
-    def __init__(self, config: DecoderConfig) -> None:
+    def __init__(self, config: NetworkConfig) -> None:
         super().__init__()
         d = config.dims
         self.embed_tokens = nn.Embedding(d.vocab_size, d.hidden_size)
@@ -82,7 +81,7 @@ class DecoderStack(nn.Module):
         )
         self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, ctx: CallContext, output_rows: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, ctx: ForwardContext, output_rows: torch.Tensor | None) -> torch.Tensor:
         """Normalised final hidden states of ``output_rows`` (all rows when ``None``)."""
         x = self.embed_tokens(input_ids)
         for index, layer in enumerate(self.layers):
@@ -95,7 +94,7 @@ class DecoderStack(nn.Module):
 class DecoderNetwork(nn.Module):
     """The decoder stack plus its output layer (``head``; absent when tied to the embedding)."""
 
-    def __init__(self, config: DecoderConfig) -> None:
+    def __init__(self, config: NetworkConfig) -> None:
         super().__init__()
         self.config = config
         self.body = DecoderStack(config)
@@ -109,7 +108,7 @@ class DecoderNetwork(nn.Module):
 
 
 def build_network(
-    config: DecoderConfig, source: TensorSource, layout: KeyLayout, checkpoint: Checkpoint
+    config: NetworkConfig, source: TensorSource, layout: KeyLayout, checkpoint: Checkpoint
 ) -> DecoderNetwork:
     """Build the network on the meta device and fill it from ``source`` (allocating each weight once)."""
     with torch.device("meta"):
@@ -182,15 +181,13 @@ class DecoderBackend(ModelBackend):
                 the model's context, or the cache does not belong to this model.
         """
         check_call(
-            self,
-            Call(cache, input_ids, position_ids, attention, output_rows, adapter_rows),
-            values=self.check_inputs,
+            self, cache, input_ids, position_ids, attention, output_rows, adapter_rows, values=self.check_inputs
         )
         rows = input_ids.shape[0]
         cache.reserve(rows)
         cos, sin = self.rotary(position_ids)
         cached = torch.ones(rows, cache.length, dtype=torch.bool, device=attention.device)
-        ctx = CallContext(
+        ctx = ForwardContext(
             cache=cache,
             cos=cos,
             sin=sin,

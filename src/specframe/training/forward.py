@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from specframe.models.layers import CallContext, RotaryEmbedding, llama4_query_scale
-from specframe.models.transformer import DecoderConfig, DecoderNetwork
+from specframe.models.layers import ForwardContext, RotaryEmbedding, llama4_query_scale
+from specframe.models.transformer import DecoderNetwork, NetworkConfig
 
 
 class TrainingForward:
@@ -23,7 +23,7 @@ class TrainingForward:
 
     def __init__(self, network: DecoderNetwork, dtype: torch.dtype = torch.float32) -> None:
         self.network = network
-        config: DecoderConfig = network.config
+        config: NetworkConfig = network.config
         device = next(network.parameters()).device
         self.rotary = RotaryEmbedding(config.rope, config.dims.head_dim, device, dtype)
         self.dtype = dtype
@@ -36,12 +36,12 @@ class TrainingForward:
             position_ids: ``[B, T]`` position ids (rows may share positions, as duplicate masks do).
             mask: ``[B, T, T]`` boolean attention mask; every row must see at least one row.
         """
-        config: DecoderConfig = self.network.config
+        config: NetworkConfig = self.network.config
         cos, sin = self.rotary(position_ids)
         scale = None
         if config.query_scale_beta:
             scale = llama4_query_scale(position_ids, config.query_scale_beta, config.query_scale_length, self.dtype)
-        ctx = CallContext(cache=None, cos=cos, sin=sin, mask=mask, query_scale=scale)
+        ctx = ForwardContext(cache=None, cos=cos, sin=sin, mask=mask, query_scale=scale)
         return self.network.body(input_ids, ctx, None)
 
     def logits(

@@ -29,10 +29,10 @@ from typing import Any
 import torch
 
 from specframe.models import nemotron, setdlm
-from specframe.models.state import KeyLayout
 from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint, write_tensors
 from specframe.models.tokenizer import HubTokenizer
-from specframe.models.transformer import DecoderConfig, DecoderNetwork, SpecialTokens
+from specframe.models.transformer import DecoderNetwork, NetworkConfig, SpecialTokens
+from specframe.models.weights import KeyLayout
 from specframe.training.corpus import corpus_files, encode_documents, split_files, spread_windows, train_tokenizer
 from specframe.training.distill import DistillConfig, distillation_batch, greedy_rollouts
 from specframe.training.forward import TrainingForward
@@ -239,7 +239,7 @@ def _write_config(config: TrainConfig, hub: Path, ids: dict[str, int]) -> None:
     path.write_text(json.dumps(raw, indent=2), encoding="utf-8")
 
 
-def network_config(family: str, hub: Path) -> tuple[DecoderConfig, SpecialTokens]:
+def network_config(family: str, hub: Path) -> tuple[NetworkConfig, SpecialTokens]:
     """The network settings and special ids the family's loader reads from ``hub``."""
     raw = json.loads((hub / "config.json").read_text(encoding="utf-8"))
     if family == NEMOTRON:
