@@ -90,7 +90,7 @@ WARPS = {
     "topk": {"name": "rejection", "temperature": 1.0, "top_k": 2},
     "topp": {"name": "rejection", "temperature": 0.8, "top_p": 0.7},
 }
-CASES = [(f, s, "t1") for f in FAMILIES for s in ("ar", "linear", "quadratic", "packed")]
+CASES = [(f, s, "t1") for f in FAMILIES for s in ("ar", "linear", "quadratic", "packed", "kbranch")]
 CASES += [(f, "packed", w) for f in FAMILIES for w in ("topk", "topp")]
 
 

@@ -18,7 +18,7 @@ from specframe.schedules.base import Schedule
 
 VOCAB = 24
 EOS = VOCAB - 2
-SPECULATIVE = ("linear", "quadratic", "packed")
+SPECULATIVE = ("linear", "quadratic", "packed", "kbranch", {"name": "kbranch", "k": 3})
 
 
 def slow_ok(examples: int) -> settings:

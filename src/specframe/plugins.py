@@ -47,6 +47,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "specframe.schedules.linear",
     "specframe.schedules.quadratic",
     "specframe.schedules.packed",
+    "specframe.schedules.kbranch",
     "specframe.schedules.native_nemotron",
     "specframe.schedules.native_setdlm",
 )
