@@ -27,8 +27,8 @@ def tiny_model(
 ) -> ModelBackend:
     """A random model with ``vocab`` ids: the last is the mask token, the one before it EOS.
 
-    ``logit_scale`` multiplies the final norm's weight, so every logit scales by it (a flatter output
-    distribution for sampling tests; argmax unchanged).
+    ``logit_scale`` multiplies every logit (a flatter output distribution for sampling tests; argmax
+    unchanged).
     """
     extra = {"bos_token_id": 1} if family == NEMOTRON else {}
     write_random_checkpoint(
@@ -40,13 +40,11 @@ def tiny_model(
         mask_token_id=vocab - 1,
         eos_token_id=vocab - 2,
         pad_token_id=vocab - 2,
+        logit_scale=logit_scale,
         **extra,
     )
     model = load_model(folder, dtype=dtype)
     model.eos_token_ids = (vocab - 2,)
-    if logit_scale != 1.0:
-        with torch.no_grad():
-            model.network.body.norm.weight.mul_(logit_scale)
     return model
 
 

@@ -23,7 +23,7 @@ def models(tmp_path_factory):
         ({"width": "8"}, "width must be an integer, got '8'"),
         ({"width": True}, "width must be an integer"),
         ({"max_new_tokens": -1}, "max_new_tokens must be >= 1"),
-        ({"seed": -2}, "seed must be >= 0"),
+        ({"seed": -2}, "seed must lie in [0, 2**64 - 1]"),
         ({"schedule": ""}, "schedule is an empty string"),
         ({"schedule": {"threshold": 0.9}}, "schedule mapping needs a 'name' key"),
         ({"acceptance": 3}, "acceptance must be a name or a mapping"),

@@ -9,12 +9,13 @@ The public API::
 """
 
 from specframe.config import DecoderConfig, compose
-from specframe.decoder import Decoder, Generation
+from specframe.decoder import Decoder, Generation, StreamPiece
 from specframe.errors import (
     CheckpointError,
     ConfigError,
     DuplicatePluginError,
     InputError,
+    OutputError,
     PlanError,
     PluginError,
     SpecframeError,
@@ -42,9 +43,11 @@ __all__ = [
     "Generation",
     "InputError",
     "Metrics",
+    "OutputError",
     "PlanError",
     "PluginError",
     "SpecframeError",
+    "StreamPiece",
     "UnknownPluginError",
     "__version__",
     "compose",

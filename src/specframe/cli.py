@@ -3,7 +3,8 @@
 Subcommands:
 
 * ``specframe plugins``: every registered implementation as JSON (kind, name, plugin, distribution);
-* ``specframe generate``: decode one prompt and print the text or, with ``--json``, text, ids and metrics;
+* ``specframe generate``: decode one prompt and print the text as it is accepted or, with ``--json``, one
+  object with text, ids and metrics;
 * ``specframe bench`` and ``specframe train`` live in their own modules and are loaded on demand.
 
 Errors exit non-zero with a one-line message and no traceback (set ``SPECFRAME_DEBUG=1`` to see one).
@@ -12,7 +13,6 @@ Errors exit non-zero with a one-line message and no traceback (set ``SPECFRAME_D
 from __future__ import annotations
 
 import argparse
-import codecs
 import importlib
 import json
 import os
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from specframe.errors import SpecframeError
+from specframe.errors import ConfigError, InputError, SpecframeError
 
 # Subcommands implemented in other modules: name -> module with add_parser(subparsers) and run(args).
 EXTERNAL_COMMANDS = {
@@ -70,7 +70,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def add_generate_parser(sub: Any) -> None:
     """Add ``specframe generate``."""
-    gen = sub.add_parser("generate", help="decode one prompt")
+    gen = sub.add_parser("generate", help="decode one prompt (the text is written as tokens are accepted)")
     gen.add_argument("prompt", nargs="?", help="prompt text ('-' reads standard input)")
     add_decoder_options(gen)
     gen.add_argument("--prompt-ids", help="comma-separated prompt token ids instead of text, e.g. 1,2,3")
@@ -86,10 +86,18 @@ def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = Tru
         "(default: nemotron-stdlib-tiny; also setdlm-stdlib-tiny)",
     )
     if schedule:
-        parser.add_argument("--schedule", default="packed", help="ar, linear, quadratic, packed, native, ...")
-    parser.add_argument("--order", default="ltr", help="verification order: ltr or confidence")
+        parser.add_argument(
+            "--schedule",
+            default="packed",
+            help="ar, linear, quadratic, packed, native, ...; a plugin's options as NAME:key=value,key=value",
+        )
     parser.add_argument(
-        "--acceptance", help="greedy or rejection (default: greedy, or rejection when a sampling option is given)"
+        "--order", default="ltr", help="verification order: ltr or confidence (options: NAME:key=value,...)"
+    )
+    parser.add_argument(
+        "--acceptance",
+        help="greedy or rejection (default: greedy, or rejection when a sampling option is given); options: "
+        "NAME:key=value,... e.g. rejection:temperature=0.7,top_k=20",
     )
     parser.add_argument("--width", type=int, default=8, help="speculative width W (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=256, help="output length limit (default 256)")
@@ -112,22 +120,45 @@ def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = Tru
 
 
 def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> dict[str, Any]:
-    """The decoder config a parsed command line asks for."""
+    """The decoder config a parsed command line asks for.
+
+    ``--temperature 0`` alone means greedy decoding; combined with ``--top-k``, ``--top-p`` or a sampling
+    ``--acceptance`` rule it is refused, because it cannot mean both.
+
+    Raises:
+        ConfigError: For malformed plugin specs, bad escapes in ``--stop``, or contradictory sampling options.
+    """
+    from specframe.specs import parse_spec
+
     sampling = {
         k: v
         for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p))
         if v is not None
     }
-    acceptance_name = args.acceptance or ("rejection" if sampling else "greedy")
-    schedule_name = schedule or getattr(args, "schedule", "packed")
-    schedule_spec: Any = schedule_name
+    acceptance: Any = parse_spec(args.acceptance, option="--acceptance") if args.acceptance else None
+    if sampling.get("temperature") == 0:
+        given = [f"--{k.replace('_', '-')}" for k in sampling if k != "temperature"]
+        if acceptance is not None and _name(acceptance) != "greedy":
+            given.append(f"--acceptance {args.acceptance}")
+        if given:
+            raise ConfigError(
+                f"--temperature 0 means greedy decoding, which samples nothing, but {' and '.join(given)} "
+                "asks for sampling; drop --temperature 0 for sampling or drop the sampling options for greedy"
+            )
+        sampling = {}
+        acceptance = acceptance or "greedy"
+    if acceptance is None:
+        acceptance = "rejection" if sampling else "greedy"
+    if sampling:
+        acceptance = _merge_options(acceptance, sampling, "--acceptance")
+    schedule_spec: Any = schedule or parse_spec(getattr(args, "schedule", "packed"), option="--schedule")
     if args.threshold is not None:
-        schedule_spec = {"name": schedule_name, "threshold": args.threshold}
+        schedule_spec = _merge_options(schedule_spec, {"threshold": args.threshold}, "--schedule")
     return {
         "model": args.model,
         "schedule": schedule_spec,
-        "order": args.order,
-        "acceptance": {"name": acceptance_name, **sampling} if sampling else acceptance_name,
+        "order": parse_spec(args.order, option="--order"),
+        "acceptance": acceptance,
         "width": args.width,
         "max_new_tokens": args.max_new_tokens,
         "seed": args.seed,
@@ -135,8 +166,65 @@ def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> 
         "dtype": args.dtype,
         "revision": args.revision,
         "adapter": args.adapter,
-        "stop": [codecs.decode(s, "unicode_escape") for s in args.stop],
+        "stop": [unescape(s, option="--stop") for s in args.stop],
     }
+
+
+def _name(spec: str | dict[str, Any]) -> str:
+    return spec if isinstance(spec, str) else spec["name"]
+
+
+def _merge_options(spec: str | dict[str, Any], extra: dict[str, Any], option: str) -> dict[str, Any]:
+    """Add options given by their own flags (``--top-k``) to a spec, refusing one given both ways."""
+    merged = {"name": spec} if isinstance(spec, str) else dict(spec)
+    clash = sorted(set(merged) & set(extra))
+    if clash:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in clash)
+        raise ConfigError(f"{flags} given both as a flag and inside {option} {_name(spec)}:...; give it once")
+    return {**merged, **extra}
+
+
+_SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\", "'": "'", '"': '"'}
+_HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
+
+
+def unescape(text: str, *, option: str) -> str:
+    r"""Interpret backslash escapes written on a command line, leaving every other character as it is.
+
+    Understood: ``\n``, ``\t``, ``\r``, ``\0``, ``\\``, ``\'``, ``\"``, ``\xHH``, ``\uHHHH`` and
+    ``\UHHHHHHHH``. Non-ASCII text passes through unchanged (``--stop 'é'`` stops at ``é``).
+
+    Raises:
+        ConfigError: For an unknown or incomplete escape (the message says how to write a backslash).
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char != "\\":
+            out.append(char)
+            i += 1
+            continue
+        code = text[i + 1 : i + 2]
+        if code in _SIMPLE_ESCAPES:
+            out.append(_SIMPLE_ESCAPES[code])
+            i += 2
+            continue
+        digits = _HEX_ESCAPES.get(code)
+        hex_text = text[i + 2 : i + 2 + digits] if digits else ""
+        if digits and len(hex_text) == digits and all(c in "0123456789abcdefABCDEF" for c in hex_text):
+            value = int(hex_text, 16)
+            if value > 0x10FFFF or 0xD800 <= value <= 0xDFFF:
+                raise ConfigError(f"{option} {text!r}: \\{code}{hex_text} is not a Unicode character")
+            out.append(chr(value))
+            i += 2 + digits
+            continue
+        shown = text[i : i + 2 + (digits or 0)]
+        raise ConfigError(
+            f"{option} {text!r}: {shown!r} is not a valid escape; use \\n, \\t, \\xHH, \\uHHHH, or \\\\ "
+            "for a literal backslash"
+        )
+    return "".join(out)
 
 
 def run_plugins(args: argparse.Namespace) -> int:
@@ -165,34 +253,37 @@ def run_generate(args: argparse.Namespace) -> int:
 
     prompt, prompt_ids = _read_prompt(args)
     decoder = compose(decoder_config(args))
-    result = decoder.generate(prompt, prompt_ids=prompt_ids)
     if args.json:
-        print(json.dumps(result.to_dict()))
-    else:
-        print(result.text)
-        m = result.metrics
-        share = m.non_model_s / max(m.wall_s, 1e-9)
-        print(
-            f"[{decoder.schedule.name}] {m.generated_tokens} tokens, {m.nfe} NFE, "
-            f"{m.tokens_per_nfe:.2f} tokens/NFE, {m.wall_s:.3f} s ({share:.0%} non-model)",
-            file=sys.stderr,
-        )
+        print(json.dumps(decoder.generate(prompt, prompt_ids=prompt_ids).to_dict()))
+        return 0
+    for piece in decoder.stream(prompt, prompt_ids=prompt_ids):  # text appears as tokens are accepted
+        sys.stdout.write(piece.text)
+        sys.stdout.flush()
+        result = piece.generation
+    sys.stdout.write("\n")
+    m = result.metrics
+    share = m.non_model_s / max(m.wall_s, 1e-9)
+    print(
+        f"[{decoder.schedule.name}] {m.generated_tokens} tokens, {m.nfe} NFE, "
+        f"{m.tokens_per_nfe:.2f} tokens/NFE, {m.wall_s:.3f} s ({share:.0%} non-model)",
+        file=sys.stderr,
+    )
     return 0
 
 
 def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None]:
     if args.prompt is not None and args.prompt_ids is not None:
-        raise SpecframeError("give either a PROMPT or --prompt-ids, not both")
+        raise InputError("give either a PROMPT or --prompt-ids, not both")
     if args.prompt_ids is not None:
         try:
             ids = [int(part) for part in args.prompt_ids.split(",") if part.strip()]
         except ValueError:
-            raise SpecframeError(
+            raise InputError(
                 f"--prompt-ids must be comma-separated integers like 1,2,3, got {args.prompt_ids!r}"
             ) from None
         return None, ids
     if args.prompt is None:
-        raise SpecframeError("no prompt: give PROMPT text, '-' to read standard input, or --prompt-ids")
+        raise InputError("no prompt: give PROMPT text, '-' to read standard input, or --prompt-ids")
     if args.prompt == "-":
         return sys.stdin.read(), None
     return args.prompt, None

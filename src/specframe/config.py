@@ -27,10 +27,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specframe.decoder import Decoder
-from specframe.errors import ConfigError, SpecframeError
+from specframe.acceptance.base import AcceptanceRule
+from specframe.decoder import Decoder, seed_problem
+from specframe.errors import ConfigError, PluginError, SpecframeError
+from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
-from specframe.plugins import PluginEntry, get_registry
+from specframe.orders.base import OrderPolicy
+from specframe.plugins import KINDS, PluginEntry, get_registry
+from specframe.schedules.base import Schedule
+
+# What each kind's factory must return.
+PRODUCTS: Mapping[str, type] = {
+    "mask_builder": MaskBuilder,
+    "order_policy": OrderPolicy,
+    "acceptance_rule": AcceptanceRule,
+    "schedule": Schedule,
+}
 
 
 @dataclass
@@ -92,8 +104,8 @@ class DecoderConfig:
         """
         _check_int("width", self.width, minimum=1)
         _check_int("max_new_tokens", self.max_new_tokens, minimum=1)
-        if self.seed is not None:
-            _check_int("seed", self.seed, minimum=0)
+        if self.seed is not None and seed_problem(self.seed):
+            raise ConfigError(f"seed {seed_problem(self.seed)}")
         if self.model is not None and not isinstance(self.model, (str, ModelBackend)):
             raise ConfigError(
                 f"model must be a Hub repo id, a folder path, a loaded ModelBackend or None, got {self.model!r}"
@@ -149,27 +161,55 @@ def plugin_spec(field_name: str, value: str | Mapping[str, Any]) -> tuple[str, d
 
 
 def build_plugin(entry: PluginEntry, field_name: str, options: Mapping[str, Any], *args: Any) -> Any:
-    """Call a plugin factory with validated options, turning bad options into :class:`ConfigError`."""
-    signature = inspect.signature(entry.factory)
+    """Call a plugin factory with validated options and check what it returns.
+
+    Raises:
+        ConfigError: An option the factory does not take (the message lists the ones it takes), or a
+            ``ValueError`` / ``TypeError`` the factory raised about its options.
+        PluginError: The factory failed in another way or returned the wrong type (the message names the
+            plugin and its distribution).
+    """
+    origin = f"(plugin {entry.plugin!r}, distribution {entry.distribution!r})"
     try:
-        signature.bind(*args, **options)
-    except TypeError:
-        accepted = [
-            p.name
-            for p in list(signature.parameters.values())[len(args) :]
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        ]
-        bad = sorted(set(options) - set(accepted)) or sorted(options)
-        takes = ", ".join(accepted) if accepted else "no options"
-        raise ConfigError(
-            f"{field_name} {entry.name!r} does not take option(s) {', '.join(map(repr, bad))}; it takes: {takes}"
-        ) from None
+        signature = inspect.signature(entry.factory)
+    except (TypeError, ValueError):  # some builtins and C callables have no signature: let the call decide
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(*args, **options)
+        except TypeError:
+            raise ConfigError(_option_problem(entry, field_name, options, signature, len(args))) from None
     try:
-        return entry.factory(*args, **options)
+        product = entry.factory(*args, **options)
     except SpecframeError:
         raise
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{field_name} {entry.name!r}: {exc}") from exc
+        raise ConfigError(f"{field_name} {entry.name!r} {origin}: {exc}") from exc
+    except Exception as exc:
+        raise PluginError(
+            f"{field_name} {entry.name!r} {origin} failed while being built: {type(exc).__name__}: {exc}; this "
+            "is a bug in that plugin (report it to its authors, or choose another one)"
+        ) from exc
+    expected = PRODUCTS.get(entry.kind)
+    if expected is not None and not isinstance(product, expected):
+        raise PluginError(
+            f"{field_name} {entry.name!r} {origin}: its factory returned {type(product).__name__}, not a "
+            f"{KINDS[entry.kind][1]} ({expected.__module__}.{expected.__qualname__}); this is a bug in that plugin"
+        )
+    return product
+
+
+def _option_problem(
+    entry: PluginEntry, field_name: str, options: Mapping[str, Any], signature: inspect.Signature, skip: int
+) -> str:
+    parameters = list(signature.parameters.values())[skip:]
+    accepted = [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    required = [p.name for p in parameters if p.name in accepted and p.default is p.empty and p.name not in options]
+    unknown = sorted(set(options) - set(accepted))
+    takes = ", ".join(accepted) if accepted else "no options"
+    if unknown:
+        return f"{field_name} {entry.name!r} does not take option(s) {', '.join(map(repr, unknown))}; it takes: {takes}"
+    return f"{field_name} {entry.name!r} needs option(s) {', '.join(map(repr, required))}; it takes: {takes}"
 
 
 def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides: Any) -> Decoder:
@@ -195,6 +235,7 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     cfg.validate()
     registry = get_registry()
     model = _load(cfg)
+    check_width(cfg.width, model)
     builder = build_plugin(registry.get("mask_builder", model.family), "mask builder", {}, model)
     order_name, order_options = plugin_spec("order", cfg.order)
     order = build_plugin(registry.get("order_policy", order_name), "order", order_options)
@@ -202,9 +243,7 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     rule_name, rule_options = plugin_spec("acceptance", cfg.acceptance)
     rule = build_plugin(registry.get("acceptance_rule", rule_name), "acceptance", rule_options)
     schedule_name, schedule_options = plugin_spec("schedule", cfg.schedule)
-    schedule = build_plugin(
-        registry.get("schedule", schedule_name, family=model.family), "schedule", schedule_options
-    )
+    schedule = build_plugin(registry.get("schedule", schedule_name, family=model.family), "schedule", schedule_options)
     schedule.name = schedule.name or schedule_name
     return Decoder(
         model,
@@ -218,6 +257,20 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
         stop_sequences=_stop_sequences(cfg, model),
         config={**_fields(cfg), "model": model.name},
     )
+
+
+def check_width(width: int, model: ModelBackend) -> None:
+    """Refuse a width wider than the model's context: no window can span more positions than it has.
+
+    Raises:
+        ConfigError: Naming the width, the model's context and what to use instead.
+    """
+    context = model.max_positions + 1
+    if width > context:
+        raise ConfigError(
+            f"width {width} exceeds the context of model {model.name!r} ({context} positions): a window can never "
+            f"be wider than that; use a width <= {context} (speculative widths are typically 4-32)"
+        )
 
 
 def _fields(cfg: DecoderConfig) -> dict[str, Any]:

@@ -12,8 +12,9 @@ One iteration, as data::
 
 from __future__ import annotations
 
+import operator
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,18 @@ from specframe.orders.base import OrderPolicy
 from specframe.plan import PhysicalCall
 from specframe.schedules.base import Schedule
 from specframe.state import DecodeContext, DecodeState
+from specframe.streaming import IncrementalText
+
+MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
+
+
+def seed_problem(seed: Any) -> str | None:
+    """What is wrong with a seed (``None`` when it is a valid one: an integer in ``[0, 2**64 - 1]``)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        return f"must be an integer in [0, 2**64 - 1] (or None for a fresh random seed), got {seed!r}"
+    if not 0 <= seed <= MAX_SEED:
+        return f"must lie in [0, 2**64 - 1], got {seed}; use a non-negative integer below 2**64"
+    return None
 
 
 @dataclass
@@ -58,6 +71,27 @@ class Generation:
             "stop_reason": self.stop_reason,
             "metrics": self.metrics.to_dict(),
         }
+
+
+@dataclass
+class StreamPiece:
+    """One increment of a streamed generation (see :meth:`Decoder.stream`).
+
+    Attributes:
+        text: Text added since the previous piece. It can be empty although tokens were added: text is held
+            back while it ends in an incomplete multi-byte character or could be the start of a stop string.
+        token_ids: Output token ids added since the previous piece, in textual order.
+        generation: The whole result (text, ids, stop reason, metrics) on the last piece; ``None`` before.
+    """
+
+    text: str
+    token_ids: list[int]
+    generation: Generation | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether this is the last piece."""
+        return self.generation is not None
 
 
 class Decoder:
@@ -124,6 +158,54 @@ class Decoder:
             InputError: No prompt, both kinds given, an empty prompt, unknown token ids, or a prompt plus
                 output that does not fit the model's context.
         """
+        state = self._request(prompt, prompt_ids, max_new_tokens, seed)
+        metrics = Metrics()
+        for _ in self._steps(state, metrics):
+            pass
+        return self._result(state, metrics)
+
+    def stream(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+    ) -> Iterator[StreamPiece]:
+        """Generate like :meth:`generate`, yielding the text and tokens each model call adds.
+
+        The tokens are exactly those :meth:`generate` returns for the same request and seed; the pieces'
+        texts concatenate to its ``text``. The last piece carries the whole :class:`Generation`; time spent
+        by the caller between pieces is not counted in its metrics. Example::
+
+            for piece in decoder.stream("def fib(n):"):
+                print(piece.text, end="", flush=True)
+            metrics = piece.generation.metrics
+
+        Raises:
+            InputError: As :meth:`generate` (raised at once, before the first piece).
+        """
+        state = self._request(prompt, prompt_ids, max_new_tokens, seed)
+        return self._stream(state)
+
+    def _stream(self, state: DecodeState) -> Iterator[StreamPiece]:
+        metrics = Metrics()
+        stops = [self.model.decode(s) for s in self.stop_sequences]
+        text = IncrementalText(self.model.decode, stops)
+        sent = 0
+        for _ in self._steps(state, metrics):
+            ids = state.output_ids()
+            if len(ids) > sent:
+                piece = StreamPiece(text.update(ids), ids[sent:])
+                sent = len(ids)
+                yield piece
+        result = self._result(state, metrics)
+        yield StreamPiece(text.finish(result.output_ids, result.text), result.output_ids[sent:], result)
+
+    def _request(
+        self, prompt: str | None, prompt_ids: Sequence[int] | None, max_new_tokens: int | None, seed: Any
+    ) -> DecodeState:
+        """Validate one request and build its state."""
         ids = self._prompt_ids(prompt, prompt_ids)
         limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -133,15 +215,19 @@ class Decoder:
                 f"prompt of {len(ids)} tokens plus max_new_tokens={limit} exceeds the model's context of "
                 f"{self.model.max_positions + 1} positions; shorten the prompt or lower max_new_tokens"
             )
-        state = DecodeState(ids, limit, self._context(self.seed if seed is None else seed))
-        metrics = self._run(state)
+        if seed is not None and seed_problem(seed):
+            raise InputError(f"seed {seed_problem(seed)}")
+        return DecodeState(ids, limit, self._context(self.seed if seed is None else seed))
+
+    def _result(self, state: DecodeState, metrics: Metrics) -> Generation:
         output = state.output_ids()
         metrics.generated_tokens = len(output)
+        metrics.verifications = list(state.verifications)
         return Generation(
             text=self.model.decode(output),
-            prompt_ids=list(ids),
+            prompt_ids=list(state.prompt),
             output_ids=output,
-            stop_reason=_stop_reason(state, output, limit),
+            stop_reason=_stop_reason(state, output, state.max_new_tokens),
             metrics=metrics,
         )
 
@@ -158,11 +244,12 @@ class Decoder:
         }
 
     # -- the loop ----------------------------------------------------------------------------------------
-    def _run(self, state: DecodeState) -> Metrics:
+    def _steps(self, state: DecodeState, metrics: Metrics) -> Iterator[None]:
+        """Run the decoding loop, yielding after each model call; the clock stops while the caller runs."""
         model, builder, schedule = self.model, self.builder, self.schedule
-        metrics = Metrics()
-        capacity = len(state.prompt) + state.max_new_tokens + builder.max_rows(self.width, 0)
-        cache = model.new_cache(capacity)
+        # Staging room for the largest call: a window never spans more positions than the output.
+        width = min(self.width, state.max_new_tokens)
+        cache = model.new_cache(len(state.prompt) + state.max_new_tokens + builder.max_rows(width, 0))
         # Each call resolves at least one position or is a drafting-only call followed by one that does;
         # a schedule that loops without progress is a bug, reported instead of hanging.
         budget = 4 * (state.max_new_tokens + 2) * max(self.width, 1) + 8
@@ -185,10 +272,11 @@ class Decoder:
             drafts_accepted = schedule.update(state, plan, result)
             state.calls += 1
             self._commit(state, call, cache, drafts_accepted)
+            metrics.wall_s += time.perf_counter() - started
+            yield
+            started = time.perf_counter()
         self._sync()
-        metrics.wall_s = time.perf_counter() - started
-        metrics.verifications = list(state.verifications)
-        return metrics
+        metrics.wall_s += time.perf_counter() - started
 
     @staticmethod
     def _commit(state: DecodeState, call: PhysicalCall, cache: KVCache, drafts_accepted: int) -> None:
@@ -229,15 +317,20 @@ class Decoder:
             stop_sequences=self.stop_sequences,
         )
 
-    def _prompt_ids(self, prompt: str | None, prompt_ids: Sequence[int] | None) -> list[int]:
+    def _prompt_ids(self, prompt: Any, prompt_ids: Any) -> list[int]:
         if prompt is not None and prompt_ids is not None:
             raise InputError("give either a prompt text or prompt ids, not both")
         if prompt_ids is None:
             if prompt is None:
                 raise InputError("no prompt given: pass prompt text or prompt_ids")
+            if not isinstance(prompt, str):
+                raise InputError(
+                    f"the prompt must be text (str), got {type(prompt).__name__} {prompt!r:.60}; pass token ids "
+                    "as prompt_ids=[...]"
+                )
             ids = self.model.encode_prompt(prompt)
         else:
-            ids = [int(t) for t in prompt_ids]
+            ids = token_id_list(prompt_ids, "prompt_ids")
         if not ids:
             raise InputError("the prompt is empty: give at least one token")
         bad = [t for t in ids if not 0 <= t < self.model.vocab_size]
@@ -250,6 +343,36 @@ class Decoder:
     def _sync(self) -> None:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
+
+
+def token_id_list(value: Any, name: str) -> list[int]:
+    """Validate a list of token ids (a sequence of integers or a 1-D integer tensor) without coercing it.
+
+    Raises:
+        InputError: For text, floats, booleans, ``None`` entries, nested lists or tensors that are not 1-D
+            integer tensors.
+    """
+    hint = f"{name} must be a list of integer token ids like [1, 2, 3]"
+    if isinstance(value, torch.Tensor):
+        if value.dim() != 1 or value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise InputError(f"{hint}; got a {value.dim()}-D {str(value.dtype).removeprefix('torch.')} tensor")
+        return [int(t) for t in value.tolist()]
+    if hasattr(value, "ndim") and hasattr(value, "dtype") and hasattr(value, "tolist"):  # a NumPy array
+        if value.ndim != 1 or getattr(value.dtype, "kind", "") not in "iu":
+            raise InputError(f"{hint}; got a {value.ndim}-D array of {value.dtype}")
+        return [int(t) for t in value.tolist()]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        shown = f"{value!r:.60}"
+        raise InputError(f"{hint}; got {type(value).__name__} {shown} (for text, pass it as the prompt)")
+    ids = []
+    for index, item in enumerate(value):
+        if isinstance(item, bool) or type(item).__name__ == "bool_":
+            raise InputError(f"{hint}; entry {index} is the boolean {item!r}")
+        try:
+            ids.append(operator.index(item))
+        except TypeError:
+            raise InputError(f"{hint}; entry {index} is {type(item).__name__} {item!r:.40}") from None
+    return ids
 
 
 def _stop_reason(state: DecodeState, output: list[int], limit: int) -> str:

@@ -41,3 +41,7 @@ class PlanError(SpecframeError):
 
 class InputError(SpecframeError, ValueError):
     """A prompt or request cannot be decoded (empty, too long, unknown token ids, ...)."""
+
+
+class OutputError(SpecframeError):
+    """An output folder or file (``specframe bench --out``, ``specframe train --out``) cannot be written."""

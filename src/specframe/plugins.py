@@ -17,9 +17,10 @@ when that name is used, naming both.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import MappingProxyType
@@ -359,3 +360,34 @@ def register_plugin(plugin: object, name: str) -> None:
 def unregister_plugin(name: str) -> None:
     """Remove a plugin registered with :func:`register_plugin`."""
     get_host().unregister(name)
+
+
+@contextlib.contextmanager
+def plugin_registered(plugin: object, name: str) -> Iterator[None]:
+    """Make ``plugin`` available inside a ``with`` block (a test), and only there.
+
+    A plugin that is already registered (its entry point was loaded) is left as it is, so a plugin's own
+    tests run both with and without ``SPECFRAME_LOAD_PLUGINS`` selecting it. In a pytest suite::
+
+        import pytest
+        import my_plugin
+        from specframe.plugins import plugin_registered
+
+        @pytest.fixture(autouse=True)
+        def my_plugin_registered():
+            with plugin_registered(my_plugin, "my_plugin"):
+                yield
+
+    Raises:
+        PluginError: If the plugin is invalid (unknown hook, bad hook signature).
+    """
+    host = get_host()
+    if host.pm.is_registered(plugin):
+        yield
+        return
+    register_plugin(plugin, name)
+    try:
+        yield
+    finally:
+        if host.pm.has_plugin(name):
+            host.unregister(name)

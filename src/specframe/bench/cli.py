@@ -20,6 +20,7 @@ from typing import Any
 from specframe.bench.settings import BenchSettings, parse_shard
 from specframe.bench.tasks import TASKS, get_task
 from specframe.errors import ConfigError
+from specframe.specs import split_specs
 
 DEFAULT_SCHEDULES = "ar,linear,quadratic,packed"
 
@@ -39,7 +40,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.set_defaults(max_new_tokens=None)  # the task's own cap unless given
     parser.add_argument("--task", default="smoke", help=f"task: {', '.join(TASKS)} (default smoke)")
     parser.add_argument("--task-file", help="local JSON/JSONL/Parquet data for --task instead of its default source")
-    parser.add_argument("--schedules", default=DEFAULT_SCHEDULES, help=f"comma-separated (default {DEFAULT_SCHEDULES})")
+    parser.add_argument(
+        "--schedules",
+        default=DEFAULT_SCHEDULES,
+        help=f"comma-separated (default {DEFAULT_SCHEDULES}); a schedule's options as NAME:key=value,key=value, "
+        "e.g. ar,adaptive-packed:patience=2,cooldown=4,packed",
+    )
     parser.add_argument(
         "--widths",
         help="comma-separated speculative widths for the speculative schedules (default: --width); ar runs once",
@@ -78,11 +84,9 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     Raises:
         ConfigError: For malformed lists, conflicting options or values out of range.
     """
-    from specframe.cli import decoder_config
+    from specframe.cli import decoder_config, unescape
 
-    if args.temperature == 0:
-        args.temperature = None  # temperature 0 is greedy decoding
-    config = decoder_config(args, schedule="ar")
+    config = decoder_config(args, schedule="ar")  # --temperature 0 alone means greedy
     task = get_task(args.task)
     temperature_positive = config["acceptance"] != "greedy"
     if args.paper_repeats and args.repeats is not None:
@@ -106,8 +110,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         dtype=args.dtype,
         revision=args.revision,
         adapter=args.adapter,
-        stop=list(args.stop),
-        prompt_template=_unescape(args.prompt_template),
+        stop=list(config["stop"]),
+        prompt_template=unescape(args.prompt_template, option="--prompt-template") if args.prompt_template else None,
         limit=args.limit,
         shard=parse_shard(args.shard) if args.shard else None,
         warmup=args.warmup,
@@ -141,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _name_list(text: str) -> list[str]:
-    names = [part.strip() for part in text.split(",") if part.strip()]
+    names = split_specs(text)
     if not names:
         raise ConfigError(f"expected a comma-separated list of schedule names, got {text!r}")
     return names
@@ -154,13 +158,6 @@ def _int_list(text: str, option: str) -> list[int]:
         raise ConfigError(f"{option} must be comma-separated integers like 4,8, got {text!r}") from None
 
 
-def _unescape(template: str | None) -> str | None:
-    r"""Turn ``\n`` / ``\t`` written on a command line into real newlines / tabs."""
-    if template is None:
-        return None
-    return template.replace("\\n", "\n").replace("\\t", "\t")
-
-
 def _command_line() -> str | None:
     """The command as typed, when this process is the ``specframe bench`` command (not a Python caller)."""
     argv = list(sys.argv)
@@ -171,7 +168,8 @@ def _command_line() -> str | None:
 
 def equivalent_command(settings: BenchSettings, out: str) -> str:
     """A ``specframe bench`` command line that reproduces ``settings`` (for runs started from Python)."""
-    acceptance = settings.acceptance if isinstance(settings.acceptance, dict) else {"name": settings.acceptance}
+    from specframe.specs import format_spec
+
     options: list[tuple[str, object]] = [
         ("--model", settings.model),
         ("--task", settings.task),
@@ -179,10 +177,7 @@ def equivalent_command(settings: BenchSettings, out: str) -> str:
         ("--schedules", ",".join(settings.schedules)),
         ("--widths", ",".join(map(str, settings.widths))),
         ("--order", settings.order),
-        ("--acceptance", acceptance.get("name")),
-        ("--temperature", acceptance.get("temperature")),
-        ("--top-k", acceptance.get("top_k")),
-        ("--top-p", acceptance.get("top_p")),
+        ("--acceptance", format_spec(settings.acceptance)),
         ("--threshold", settings.threshold),
         ("--max-new-tokens", settings.max_new_tokens),
         ("--repeats", settings.repeats),
@@ -190,7 +185,7 @@ def equivalent_command(settings: BenchSettings, out: str) -> str:
         ("--device", settings.device),
         ("--dtype", settings.dtype),
         ("--revision", settings.revision),
-        ("--prompt-template", settings.prompt_template),
+        ("--prompt-template", _escape(settings.prompt_template)),
         ("--limit", settings.limit),
         ("--shard", f"{settings.shard[0]}/{settings.shard[1]}" if settings.shard else None),
         ("--warmup", settings.warmup),
@@ -203,5 +198,12 @@ def equivalent_command(settings: BenchSettings, out: str) -> str:
             words += [flag, str(value)]
     words += ["--adapter"] * settings.adapter
     for stop in settings.stop:
-        words += ["--stop", stop]
+        words += ["--stop", _escape(stop)]
     return shlex.join(words)
+
+
+def _escape(text: str | None) -> str | None:
+    """The command-line spelling of ``text`` that :func:`specframe.cli.unescape` turns back into it."""
+    if text is None:
+        return None
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")

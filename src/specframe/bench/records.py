@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from specframe.bench.settings import BenchSettings, Method, differences
-from specframe.errors import SpecframeError
+from specframe.errors import OutputError, SpecframeError
 
 RUN_FILE = "run.json"
 RECORDS_FILE = "records.jsonl"
@@ -31,6 +31,29 @@ def record_key(record: Mapping[str, Any]) -> Key:
 def record_method(record: Mapping[str, Any]) -> Method:
     """The method a record belongs to."""
     return Method(str(record["schedule"]), record.get("width"))
+
+
+def prepare_folder(out: str | Path) -> Path:
+    """Create the output folder (and its parents) and check that files can be written in it.
+
+    Raises:
+        OutputError: If the path is an existing file, lies under a file, or cannot be created or written.
+    """
+    folder = Path(out).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise OutputError(f"--out {out} is an existing file, not a folder; give a folder path for the results")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".specframe-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise OutputError(
+            f"--out {out} cannot be used as the output folder ({reason}: {exc.filename or folder}); give a "
+            "writable folder path (one that is not inside a file or a system folder such as /proc)"
+        ) from exc
+    return folder
 
 
 def read_records(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:

@@ -20,16 +20,18 @@ from specframe.bench.records import (
     RUN_FILE,
     RecordWriter,
     check_same_run,
+    prepare_folder,
     read_records,
     read_run,
     record_key,
     write_json,
 )
-from specframe.bench.settings import BenchSettings, Method
+from specframe.bench.settings import MAX_REPEATS, BenchSettings, Method
 from specframe.bench.tasks import Example, Task, digest, get_task
-from specframe.decoder import Decoder, Generation
-from specframe.errors import InputError, SpecframeError
+from specframe.decoder import Decoder, Generation, seed_problem
+from specframe.errors import ConfigError, InputError, SpecframeError
 from specframe.models.base import ModelBackend
+from specframe.specs import parse_spec
 
 
 def select_examples(examples: list[Example], settings: BenchSettings) -> list[Example]:
@@ -61,14 +63,14 @@ def compose_decoders(model: ModelBackend, settings: BenchSettings) -> dict[Metho
 
     decoders = {}
     for method in settings.methods():
-        schedule: Any = method.schedule
-        if method.schedule == "native" and settings.threshold is not None:
-            schedule = {"name": "native", "threshold": settings.threshold}
+        schedule: Any = parse_spec(method.schedule, option="--schedules")
+        if method.name == "native" and settings.threshold is not None:
+            schedule = {"name": "native", "threshold": settings.threshold, **method.options}
         decoders[method] = compose(
             {
                 "model": model,
                 "schedule": schedule,
-                "order": settings.order,
+                "order": parse_spec(settings.order, option="--order"),
                 "acceptance": settings.acceptance,
                 "width": method.width or min(settings.widths),
                 "max_new_tokens": settings.max_new_tokens,
@@ -108,6 +110,8 @@ def make_record(
         "example_id": example.id,
         "repeat": repeat,
         "schedule": method.schedule,
+        "schedule_name": method.name,
+        "schedule_options": method.options,
         "width": method.width,
         "method": method.label,
         "order": settings.order,
@@ -156,8 +160,13 @@ def run_bench(
     chosen = select_examples(examples, settings)
     if not chosen:
         raise SpecframeError(f"no prompts to run: --limit/--shard select none of the {len(examples)} prompts")
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
+    last_seed = settings.seed_for(max(ex.index for ex in chosen), settings.repeats - 1)
+    if seed_problem(last_seed):
+        raise ConfigError(
+            f"--seed {settings.seed} is too large: response seeds are seed + {MAX_REPEATS} * prompt index + repeat, "
+            f"up to {last_seed} here, beyond the largest seed 2**64 - 1; use a smaller --seed"
+        )
+    folder = prepare_folder(out)
     stored = read_run(folder)
     if stored is not None:
         check_same_run(stored.get("settings", {}), settings, str(folder))
@@ -176,6 +185,7 @@ def run_bench(
         if done:
             log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
         model = model if model is not None else _load_model(settings)
+        decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
         run = {
             "settings": settings.to_dict(),
             "model": model.describe(),
@@ -184,7 +194,6 @@ def run_bench(
             "command": command,
         }
         write_json(folder / RUN_FILE, run)
-        decoders = compose_decoders(model, settings)
         _warm_up(decoders, chosen, settings)
         with RecordWriter(folder / RECORDS_FILE) as writer:
             for record in _generate(todo, decoders, task, settings, model, progress):

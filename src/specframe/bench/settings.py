@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specframe.errors import ConfigError
+from specframe.specs import format_spec, parse_spec, spec_name
 
 # Settings that may differ between a stored run and a resumed one, or between shards being merged: they
 # change which prompts a process works on or how it reports, never what a record means.
@@ -22,7 +23,8 @@ class Method:
     """One decoding configuration being compared: a schedule and, for speculative schedules, a width.
 
     Attributes:
-        schedule: Schedule name.
+        schedule: Schedule spec in canonical form: its name, or ``NAME:key=value,...`` with the schedule's
+            options (sorted by key), e.g. ``adaptive-packed:cooldown=4,patience=2``.
         width: Speculative width, ``None`` for schedules without one (``ar``).
     """
 
@@ -31,23 +33,43 @@ class Method:
 
     @property
     def label(self) -> str:
-        """``packed/w8``, or ``ar``."""
+        """``packed/w8``, ``adaptive-packed:patience=2/w8``, or ``ar``."""
         return self.schedule if self.width is None else f"{self.schedule}/w{self.width}"
+
+    @property
+    def name(self) -> str:
+        """The schedule's registered name, without options."""
+        return spec_name(self.schedule)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The schedule's options (empty when it has none)."""
+        spec = parse_spec(self.schedule)
+        return {} if isinstance(spec, str) else {k: v for k, v in spec.items() if k != "name"}
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """Parse a label (``packed/w8``, ``packed/8`` or ``ar``).
+        """Parse a label (``packed/w8``, ``packed/8``, ``ar`` or ``NAME:key=value/w8``).
 
         Raises:
-            ConfigError: For a malformed width.
+            ConfigError: For a malformed width or schedule spec.
         """
-        schedule, _, width = text.partition("/")
-        if not width:
-            return cls(schedule)
+        schedule, slash, width = text.rpartition("/")
+        if not slash:
+            return cls(canonical_schedule(text))
         try:
-            return cls(schedule, int(width.removeprefix("w")))
+            return cls(canonical_schedule(schedule), int(width.removeprefix("w")))
         except ValueError:
             raise ConfigError(f"bad method {text!r}: write a schedule name or schedule/width like linear/w8") from None
+
+
+def canonical_schedule(text: str) -> str:
+    """A schedule spec in the canonical form that names bench methods (options sorted by key).
+
+    Raises:
+        ConfigError: For a malformed spec.
+    """
+    return format_spec(parse_spec(text, option="--schedules"))
 
 
 @dataclass
@@ -59,9 +81,9 @@ class BenchSettings:
         task_file: Local data file used instead of the task's default source.
         task_digest: Fingerprint of the task's full prompt set (filled in when the task is loaded).
         model: Hub repo id or folder (``None``: the bundled model).
-        schedules: Schedule names to compare.
+        schedules: Schedules to compare, as canonical specs (``NAME`` or ``NAME:key=value,...``).
         widths: Speculative widths (applied to every schedule except ``ar``).
-        order: Verification order.
+        order: Verification order (``NAME`` or ``NAME:key=value,...``).
         acceptance: Acceptance rule name or mapping (as in a decoder config).
         threshold: Confidence threshold of the ``native`` schedule (``None``: its default).
         max_new_tokens: Output cap.
@@ -113,12 +135,19 @@ class BenchSettings:
         Raises:
             ConfigError: Naming the bad setting and what to do.
         """
+        self.schedules = [canonical_schedule(s) for s in self.schedules]
         if not self.schedules:
             raise ConfigError("--schedules is empty; name at least one schedule, e.g. ar,linear,quadratic,packed")
         if len(set(self.schedules)) != len(self.schedules):
             raise ConfigError(f"--schedules repeats a schedule: {','.join(self.schedules)}")
         if any(w < 1 for w in self.widths) or not self.widths:
             raise ConfigError(f"--widths must be positive integers, got {self.widths}")
+        from specframe.decoder import seed_problem
+
+        if seed_problem(self.seed):
+            raise ConfigError(f"--seed {seed_problem(self.seed)}")
+        if isinstance(self.order, str):
+            parse_spec(self.order, option="--order")
         if not 1 <= self.repeats <= MAX_REPEATS:
             raise ConfigError(f"--repeats must be between 1 and {MAX_REPEATS}, got {self.repeats}")
         if self.limit is not None and self.limit < 1:
@@ -140,15 +169,17 @@ class BenchSettings:
     @property
     def temperature(self) -> float:
         """Sampling temperature (0 for greedy acceptance)."""
+        if spec_name(self.acceptance) == "greedy":
+            return 0.0
         if isinstance(self.acceptance, Mapping):
             return float(self.acceptance.get("temperature", 1.0))
-        return 0.0 if self.acceptance == "greedy" else 1.0
+        return 1.0
 
     def methods(self) -> list[Method]:
         """The methods compared, in a fixed order: each schedule, and for speculative ones each width."""
         methods = []
         for schedule in self.schedules:
-            if schedule in WIDTHLESS:
+            if spec_name(schedule) in WIDTHLESS:
                 methods.append(Method(schedule))
             else:
                 methods.extend(Method(schedule, width) for width in self.widths)

@@ -64,7 +64,10 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     elif resolved.type == "mps":
         if not torch.backends.mps.is_available():
             raise ConfigError(f"device {device!r} is unavailable on this machine; use device='cpu'")
-    elif resolved.type not in ("cpu", "meta"):
+    elif resolved.type == "cpu":
+        if resolved.index not in (None, 0):
+            raise ConfigError(f"device {device!r} does not exist: the CPU is one device; use 'cpu'")
+    else:  # 'meta' holds no data, other types have no kernels here
         raise ConfigError(f"unsupported device type {resolved.type!r}; use 'cpu', 'cuda' or 'mps'")
     return resolved
 

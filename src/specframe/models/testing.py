@@ -117,6 +117,7 @@ def write_random_checkpoint(
     lora_rank: int = 0,
     tokenizer: bool = True,
     backbone_config: str = "inline",
+    logit_scale: float = 1.0,
     **config_overrides: Any,
 ) -> Path:
     """Write a small random checkpoint of ``family`` into ``folder`` (created if needed).
@@ -132,6 +133,9 @@ def write_random_checkpoint(
         backbone_config: SetDLM only: ``"inline"`` puts the Qwen3 sizes into ``backbone_config``, ``"file"``
             into ``backbone_config.json`` next to config.json, ``"none"`` leaves them out (only the backbone's
             name remains, as in a config that defers to the Hub).
+        logit_scale: Multiplies every logit the model produces (verifier and drafter alike; the argmax is
+            unchanged): below 1 the sampling distributions get flatter (more distinct continuations, more
+            accepted drafts under rejection sampling), above 1 sharper. It scales the final norm's weight.
         **config_overrides: config.json fields to change (``None`` deletes a field). For Nemotron a
             ``rope_parameters`` dict is merged into the default one; for SetDLM, Qwen3 fields go to the
             backbone settings and the others to the top level.
@@ -155,6 +159,8 @@ def write_random_checkpoint(
         raise ValueError(f"unknown family {family!r}; use {NEMOTRON!r} or {SETDLM!r}")
     generator = torch.Generator().manual_seed(seed)
     tensors = random_weights(dims, prefix, head, qk_norm=family == SETDLM, generator=generator)
+    if logit_scale != 1.0:
+        tensors[f"{prefix}norm.weight"] = tensors[f"{prefix}norm.weight"] * float(logit_scale)
     if tokenizer:
         (folder / "tokenizer.json").write_text(_tokenizer_json(family, dims["vocab_size"]), encoding="utf-8")
     if family == SETDLM and "mask_token_id" not in config_overrides:

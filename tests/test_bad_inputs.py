@@ -1,0 +1,248 @@
+"""Bad inputs found by a trial of the CLI and the API (issue 12): each is a named SpecframeError saying what to do."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from decoding_helpers import NEMOTRON, tiny_model
+from specframe import compose
+from specframe.acceptance.base import AcceptanceRule
+from specframe.cli import build_parser, decoder_config, main, unescape
+from specframe.errors import ConfigError, InputError, OutputError, PluginError
+from specframe.hookspecs import hookimpl
+from specframe.plugins import plugin_registered
+
+VOCAB = 12
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return tiny_model(NEMOTRON, tmp_path_factory.mktemp("bad"), vocab=VOCAB, seed=1)
+
+
+def _cli(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _args(*argv):
+    return build_parser(["generate"]).parse_args(["generate", "x", *argv])
+
+
+# -- 1. escapes in --stop ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("written", "meant"),
+    [
+        ("փ", "փ"),
+        ("é\\n", "é\n"),
+        ("a\\tb", "a\tb"),
+        ("\\\\", "\\"),
+        ("\\x41", "A"),
+        ("\\u0583", "փ"),
+        ("日本", "日本"),
+    ],
+)
+def test_stop_escapes_keep_non_ascii_text(written, meant):
+    assert decoder_config(_args("--stop", written))["stop"] == [meant]
+
+
+@pytest.mark.parametrize("written", ["\\x", "\\x4", "\\u12", "\\q", "end\\", "\\UFFFFFFFF", "\\ud800"])
+def test_bad_escapes_are_config_errors(written):
+    with pytest.raises(ConfigError, match="not a valid escape|not a Unicode character"):
+        unescape(written, option="--stop")
+
+
+def test_cli_stop_string_stops_like_the_api(capsys):
+    """The bundled tokenizer: a non-ASCII stop string ends the CLI's output exactly where the API's ends."""
+    decoder = compose({"schedule": "ar", "max_new_tokens": 12})
+    free = decoder.generate("a")
+    # Stop at the second output token, written as text (whatever the model produced).
+    stop_text = decoder.model.decode(free.output_ids[1:2])
+    api = compose({"schedule": "ar", "max_new_tokens": 12, "stop": [stop_text]}).generate("a")
+    code, out, err = _cli(
+        capsys, "generate", "a", "--schedule", "ar", "--max-new-tokens", "12", "--stop", stop_text, "--json"
+    )
+    assert code == 0, err
+    assert json.loads(out)["output_ids"] == api.output_ids
+    assert decoder_config(_args("--stop", "փ"))["stop"] == ["փ"]
+
+
+# -- 2. temperature 0 with sampling options ----------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "extra",
+    [["--top-k", "20"], ["--top-p", "0.5"], ["--acceptance", "rejection"], ["--acceptance", "rejection:top_k=3"]],
+)
+def test_temperature_zero_with_sampling_options_is_refused(extra):
+    with pytest.raises(ConfigError, match="--temperature 0 means greedy"):
+        decoder_config(_args("--temperature", "0", *extra))
+
+
+def test_temperature_zero_alone_is_greedy():
+    assert decoder_config(_args("--temperature", "0"))["acceptance"] == "greedy"
+
+
+def test_bench_refuses_temperature_zero_with_top_k(capsys, tmp_path):
+    code, _, err = _cli(
+        capsys, "bench", "--schedules", "ar", "--temperature", "0", "--top-k", "20", "--repeats", "3",
+        "--limit", "1", "--no-progress", "--out", str(tmp_path / "run"),
+    )  # fmt: skip
+    assert code == 1 and "--temperature 0 means greedy" in err
+    assert not (tmp_path / "run").exists()
+
+
+# -- 3. width bounded by the model's context ---------------------------------------------------------------------
+def test_width_beyond_the_context_is_refused(model):
+    with pytest.raises(ConfigError, match=r"width 10000 exceeds the context .* \(256 positions\)"):
+        compose({"model": model, "width": 10000})
+
+
+def test_a_wide_window_with_a_short_output_allocates_for_the_output(model):
+    wide = compose({"model": model, "schedule": "quadratic", "width": 256, "max_new_tokens": 4})
+    narrow = compose({"model": model, "schedule": "quadratic", "width": 4, "max_new_tokens": 4})
+    assert wide.generate(prompt_ids=[1, 2]).output_ids == narrow.generate(prompt_ids=[1, 2]).output_ids
+
+
+# -- 4. devices and huge seeds ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("device", "message"), [("meta", "unsupported device type 'meta'"), ("cpu:3", "use 'cpu'")])
+def test_unusable_devices(capsys, device, message):
+    code, _, err = _cli(capsys, "generate", "x", "--max-new-tokens", "2", "--device", device)
+    assert code == 1 and message in err and "internal error" not in err
+
+
+def test_huge_seed_with_sampling(capsys):
+    code, _, err = _cli(capsys, "generate", "x", "--temperature", "1", "--seed", str(2**80), "--max-new-tokens", "2")
+    assert code == 1 and "seed must lie in [0, 2**64 - 1]" in err
+
+
+# -- 5. seeds in compose and per request --------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [2**70, -1, 1.5, "abc", True])
+def test_bad_seeds_in_compose(model, seed):
+    with pytest.raises(ConfigError, match="seed must"):
+        compose({"model": model, "acceptance": "rejection", "seed": seed})
+
+
+@pytest.mark.parametrize("seed", [2**70, -1, 1.5, "abc", True])
+def test_bad_seeds_per_request(model, seed):
+    decoder = compose({"model": model, "acceptance": "rejection", "max_new_tokens": 3})
+    with pytest.raises(InputError, match="seed must"):
+        decoder.generate(prompt_ids=[1, 2], seed=seed)
+
+
+def test_largest_seed_is_usable(model):
+    decoder = compose({"model": model, "acceptance": "rejection", "max_new_tokens": 3, "seed": 2**64 - 1})
+    assert len(decoder.generate(prompt_ids=[1, 2]).output_ids) == 3
+
+
+# -- 6. prompt ids validated, not coerced --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("prompt_ids", "message"),
+    [
+        ([1.7, 2.2], "entry 0 is float"),
+        ("567", "got str"),
+        ("5,6,7", "got str"),
+        ([True, False], "boolean"),
+        ([None], "entry 0 is NoneType"),
+        ([[1, 2]], "entry 0 is list"),
+        (torch.tensor([[1, 2]]), "2-D int64 tensor"),
+        (torch.tensor([1.0, 2.0]), "1-D float32 tensor"),
+        (np.array([[1, 2]]), "2-D array"),
+        (12, "got int"),
+    ],
+)
+def test_prompt_ids_are_validated(model, prompt_ids, message):
+    decoder = compose({"model": model, "max_new_tokens": 2})
+    with pytest.raises(InputError, match="prompt_ids must be a list of integer token ids") as info:
+        decoder.generate(prompt_ids=prompt_ids)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "prompt_ids", [[1, 2, 3], (1, 2, 3), torch.tensor([1, 2, 3]), np.array([1, 2, 3]), range(1, 4)]
+)
+def test_integer_sequences_and_tensors_are_accepted(model, prompt_ids):
+    decoder = compose({"model": model, "max_new_tokens": 2})
+    assert decoder.generate(prompt_ids=prompt_ids).prompt_ids == [1, 2, 3]
+
+
+@pytest.mark.parametrize("prompt", [123, [1, 2], b"text"])
+def test_prompt_must_be_text(prompt):
+    decoder = compose({"schedule": "ar", "max_new_tokens": 2})
+    with pytest.raises(InputError, match="the prompt must be text"):
+        decoder.generate(prompt)
+
+
+# -- 7 and 8. bench output folders ---------------------------------------------------------------------------------
+def _bench(tmp_path, out, schedules="ar"):
+    return ["bench", "--schedules", schedules, "--limit", "1", "--max-new-tokens", "3", "--warmup", "0",
+            "--resamples", "50", "--no-progress", "--out", str(out)]  # fmt: skip
+
+
+def test_a_run_failing_at_compose_writes_no_run_json_and_the_rerun_works(capsys, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = _cli(capsys, *_bench(tmp_path, out, "ar,bogus"))
+    assert code == 1 and "unknown schedule 'bogus'" in err
+    assert not (out / "run.json").exists()
+    code, _, err = _cli(capsys, *_bench(tmp_path, out, "ar,packed"))
+    assert code == 0, err
+    assert json.loads((out / "run.json").read_text())["settings"]["schedules"] == ["ar", "packed"]
+
+
+def test_unusable_output_folders(capsys, tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for out, message in [
+        (a_file, "is an existing file"),
+        (a_file / "sub", "cannot be used as the output folder"),
+        ("/proc/specframe-out", "cannot be used as the output folder"),
+    ]:
+        code, _, err = _cli(capsys, *_bench(tmp_path, out))
+        assert code == 1 and message in err and "internal error" not in err, err
+
+
+def test_output_folder_errors_are_output_errors(tmp_path):
+    from specframe.bench.records import prepare_folder
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OutputError):
+        prepare_folder(tmp_path / "file" / "sub")
+
+
+# -- 10. a plugin factory that fails -------------------------------------------------------------------------------
+class _Broken:
+    @hookimpl
+    def register_acceptance_rules(self, register):
+        def raises():
+            raise RuntimeError("boom")
+
+        register("raises", raises)
+        register("wrong-type", lambda: object())
+        register("ok", _Rule)
+
+
+class _Rule(AcceptanceRule):
+    def propose(self, logits, generator):  # pragma: no cover - never called
+        raise NotImplementedError
+
+    def verify(self, drafts, logits, generator):  # pragma: no cover - never called
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize(
+    ("name", "message"), [("raises", "failed while being built: RuntimeError: boom"), ("wrong-type", "returned object")]
+)
+def test_a_failing_plugin_factory_names_the_plugin(model, name, message):
+    with plugin_registered(_Broken(), "broken_rules"), pytest.raises(PluginError) as info:
+        compose({"model": model, "acceptance": name})
+    assert message in str(info.value) and "plugin 'broken_rules'" in str(info.value)
+
+
+def test_plugin_registered_is_scoped(model):
+    with plugin_registered(_Broken(), "broken_rules"):
+        assert isinstance(compose({"model": model, "acceptance": "ok"}).rule, _Rule)
+    with pytest.raises(Exception, match="unknown acceptance rule 'ok'"):
+        compose({"model": model, "acceptance": "ok"})
