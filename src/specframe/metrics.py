@@ -4,15 +4,30 @@ One NFE per model forward, the prompt call included; rows per call are the uncac
 evaluates (Table 2's count, padding included); generated tokens include EOS and stop tokens. Wall time covers
 the whole decoding loop (synchronised on GPUs) and splits into model time (the forwards) and non-model time
 (planning, layout, acceptance, bookkeeping). Acceptance statistics follow vLLM's definitions.
+
+:meth:`Metrics.merge` pools the metrics of several generations, so that every statistic of the pool (tokens
+per NFE, mean acceptance length, ...) is the ratio of totals; :func:`mean_acceptance_length` and
+:func:`acceptance_rate` are the two ratios for callers that only hold the totals (the benchmark summary).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from specframe.state import Verification
+
+
+def mean_acceptance_length(accepted_tokens: float, num_drafts: float) -> float:
+    """``1 + accepted / drafts`` (vLLM): tokens per verification that checked a draft (0 without drafts)."""
+    return 1.0 + accepted_tokens / num_drafts if num_drafts else 0.0
+
+
+def acceptance_rate(accepted_tokens: float, draft_tokens: float) -> float:
+    """Accepted draft tokens over checked draft tokens (0 without draft tokens)."""
+    return accepted_tokens / draft_tokens if draft_tokens else 0.0
 
 
 @dataclass
@@ -27,6 +42,8 @@ class Metrics:
             for the native decoders, one per diffusion step (tokens committed).
         wall_s: Decoder wall time in seconds.
         model_s: Seconds spent in model forwards.
+        prompt_calls: Indices into ``rows_per_call`` of each generation's prompt call (``[0]`` for one
+            generation; one per generation after :meth:`merge`).
     """
 
     nfe: int = 0
@@ -35,6 +52,25 @@ class Metrics:
     verifications: list[Verification] = field(default_factory=list)
     wall_s: float = 0.0
     model_s: float = 0.0
+    prompt_calls: list[int] = field(default_factory=lambda: [0])
+
+    @classmethod
+    def merge(cls, parts: Iterable[Metrics]) -> Metrics:
+        """Pool the metrics of several generations: counts and times add up, per-call records concatenate.
+
+        Every statistic of the result is pooled, a ratio of totals (``mean_acceptance_length`` is
+        ``1 + all accepted / all drafts``), not a mean of per-generation ratios.
+        """
+        pooled = cls(prompt_calls=[])
+        for part in parts:
+            pooled.prompt_calls.extend(len(pooled.rows_per_call) + i for i in part.prompt_calls)
+            pooled.nfe += part.nfe
+            pooled.generated_tokens += part.generated_tokens
+            pooled.rows_per_call.extend(part.rows_per_call)
+            pooled.verifications.extend(part.verifications)
+            pooled.wall_s += part.wall_s
+            pooled.model_s += part.model_s
+        return pooled
 
     @property
     def tokens_per_nfe(self) -> float:
@@ -49,7 +85,8 @@ class Metrics:
     @property
     def rows_per_call_max(self) -> int:
         """Largest number of uncached rows in one call after the prompt call (0 if there was none)."""
-        return max(self.rows_per_call[1:], default=0)
+        prompts = set(self.prompt_calls)
+        return max((rows for i, rows in enumerate(self.rows_per_call) if i not in prompts), default=0)
 
     @property
     def accept_lengths(self) -> list[int]:
@@ -74,12 +111,12 @@ class Metrics:
     @property
     def mean_acceptance_length(self) -> float:
         """``1 + accepted / drafts`` (vLLM): tokens per verification that checked a draft."""
-        return 1.0 + self.accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+        return mean_acceptance_length(self.accepted_tokens, self.num_drafts)
 
     @property
     def acceptance_rate(self) -> float:
         """Accepted draft tokens over checked draft tokens."""
-        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+        return acceptance_rate(self.accepted_tokens, self.draft_tokens)
 
     @property
     def tokens_per_verification(self) -> float:

@@ -25,6 +25,7 @@ import numpy as np
 from specframe.bench.records import record_method
 from specframe.bench.settings import Method
 from specframe.bench.stats import DEFAULT_RESAMPLES, PairedBootstrap
+from specframe.metrics import acceptance_rate, mean_acceptance_length
 
 # Per-prompt quantities summed over repeats, taken from each record.
 QUANTITIES = (
@@ -203,8 +204,8 @@ def _method_stats(method: Method, s: Mapping[str, float], per_position: list[flo
             "num_drafts": int(s["drafts"]),
             "draft_tokens": int(s["draft_tokens"]),
             "accepted_tokens": int(s["accepted"]),
-            "mean_acceptance_length": 1 + s["accepted"] / s["drafts"] if s["drafts"] else None,
-            "acceptance_rate": _div(s["accepted"], s["draft_tokens"]) if s["draft_tokens"] else None,
+            "mean_acceptance_length": mean_acceptance_length(s["accepted"], s["drafts"]) if s["drafts"] else None,
+            "acceptance_rate": acceptance_rate(s["accepted"], s["draft_tokens"]) if s["draft_tokens"] else None,
             "per_position_acceptance": per_position,
         },
     }

@@ -13,12 +13,13 @@ import functools
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from specframe.metrics import Metrics
+from specframe.models import nemotron
 from specframe.models.base import ModelBackend
-from specframe.models.testing import NEMOTRON
 from specframe.training.corpus import SourceFile, corpus_files, split_files, spread_windows
 
 _DEF_LINE = re.compile(r"^[ \t]*(async[ \t]+)?def [^\n]*:(?=[ \t]*\n)", re.MULTILINE)
@@ -35,8 +36,8 @@ def _document_ids(model: ModelBackend, text: str) -> list[int]:
     if model.tokenizer is None:
         raise ValueError(f"model {model.name!r} has no tokenizer")
     ids = model.tokenizer.encode(text)
-    if model.family == NEMOTRON:
-        return [model.bos_token_id or 1, *ids, model.eos_token_ids[0]]
+    if model.family == nemotron.FAMILY:
+        return [model.bos_token_id or nemotron.SPECIAL_IDS["bos_token_id"], *ids, model.eos_token_ids[0]]
     pad = getattr(model, "pad_token_id", None)
     return [*ids, pad if pad is not None else model.eos_token_ids[-1]]
 
@@ -70,7 +71,7 @@ def window_loss(model: ModelBackend, window: torch.Tensor) -> tuple[float, int]:
     positions = torch.arange(length, device=device)
     causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     cache = model.new_cache(2 * length)
-    if model.family == NEMOTRON:
+    if model.family == nemotron.FAMILY:
         logits = model.forward(cache, window, positions, causal)[:-1]
     else:
         queries = length - 1
@@ -143,48 +144,25 @@ class Acceptance:
         schedule: Schedule name.
         width: Speculative width W.
         prompts: Number of prompts.
-        generated: Output tokens, all prompts.
-        nfe: Model forwards, prompt calls included.
-        verifications: Verifications that checked at least one draft token.
-        verified_tokens: Tokens those verifications added (accepted drafts plus the verifier's token).
-        accepted: Draft tokens accepted.
+        metrics: The prompts' metrics, pooled with :meth:`Metrics.merge`.
     """
 
     schedule: str
     width: int
     prompts: int = 0
-    generated: int = 0
-    nfe: int = 0
-    verifications: int = 0
-    verified_tokens: int = 0
-    accepted: int = 0
-
-    @property
-    def tokens_per_nfe(self) -> float:
-        """Generated tokens per model forward."""
-        return self.generated / self.nfe if self.nfe else 0.0
-
-    @property
-    def tokens_per_verification(self) -> float:
-        """Tokens added per verification that checked a draft (``Metrics.tokens_per_verification``, pooled)."""
-        return self.verified_tokens / self.verifications if self.verifications else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """``1 + accepted / verifications`` (``Metrics.mean_acceptance_length``, pooled)."""
-        return 1.0 + self.accepted / self.verifications if self.verifications else 0.0
+    metrics: Metrics = field(default_factory=Metrics)
 
     def to_dict(self) -> dict[str, float | int | str]:
-        """JSON-friendly statistics."""
+        """JSON-friendly statistics (``tokens_per_verification`` and ``mean_acceptance_length`` are pooled)."""
         return {
             "schedule": self.schedule,
             "width": self.width,
             "prompts": self.prompts,
-            "generated": self.generated,
-            "nfe": self.nfe,
-            "tokens_per_nfe": self.tokens_per_nfe,
-            "tokens_per_verification": self.tokens_per_verification,
-            "mean_acceptance_length": self.mean_acceptance_length,
+            "generated": self.metrics.generated_tokens,
+            "nfe": self.metrics.nfe,
+            "tokens_per_nfe": self.metrics.tokens_per_nfe,
+            "tokens_per_verification": self.metrics.tokens_per_verification,
+            "mean_acceptance_length": self.metrics.mean_acceptance_length,
         }
 
 
@@ -195,14 +173,5 @@ def acceptance(
     from specframe import compose
 
     decoder = compose({"model": model, "schedule": schedule, "width": width, "max_new_tokens": max_new_tokens})
-    stats = Acceptance(schedule, width)
-    for prompt in prompts:
-        metrics = decoder.generate(prompt.text).metrics
-        drafted = [v for v in metrics.verifications if v.drafted]
-        stats.prompts += 1
-        stats.generated += metrics.generated_tokens
-        stats.nfe += metrics.nfe
-        stats.verifications += len(drafted)
-        stats.verified_tokens += sum(v.appended for v in drafted)
-        stats.accepted += sum(v.accepted for v in drafted)
-    return stats
+    pooled = Metrics.merge(decoder.generate(prompt.text).metrics for prompt in prompts)
+    return Acceptance(schedule, width, len(prompts), pooled)
