@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 
 from specframe import compose
 from specframe.bench import BenchSettings, run_bench
@@ -40,14 +42,7 @@ from specframe.bench.output import machine_description
 from specframe.bench.tasks import get_task
 from specframe.models import load_model
 from specframe.models.hub import bundled_model, bundled_model_names
-from specframe.models.testing import (
-    NEMOTRON,
-    NEMOTRON_CONFIG,
-    SETDLM,
-    random_weights,
-    write_random_checkpoint,
-    write_tensors,
-)
+from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
 
 SPECULATIVE = ("linear", "quadratic", "packed")
 
@@ -209,15 +204,12 @@ def big_nemotron(folder: Path, quick: bool) -> tuple[Path, dict[str, Any]]:
             vocab_size=512,
             max_position_embeddings=1024,
         )
-    config = {**NEMOTRON_CONFIG, **overrides, "torch_dtype": "bfloat16"}
-    folder.mkdir(parents=True, exist_ok=True)
-    generator = torch.Generator().manual_seed(0)
-    tensors = random_weights(config, "encoder.", "diffusion_head.weight", qk_norm=False, generator=generator)
-    tensors = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
-    write_tensors(tensors, folder, shards=1)
-    (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    params = sum(t.numel() for t in tensors.values())
-    return folder, {k: config[k] for k in overrides} | {"parameters": params}
+    write_random_checkpoint(
+        NEMOTRON, folder, tokenizer=False, dtype=torch.bfloat16, torch_dtype="bfloat16", **overrides
+    )
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as handle:
+        params = sum(math.prod(handle.get_slice(name).get_shape()) for name in handle.keys())
+    return folder, dict(overrides) | {"parameters": params}
 
 
 def copy_bandwidth(device: torch.device, nbytes: int, repeats: int = 10) -> float:

@@ -7,7 +7,9 @@ proposal-only LoRA on ``o_proj`` (subfolder ``linear_spec_lora/``) applies to dr
 
 Checkpoint keys: ``encoder.embed_tokens.weight``, ``encoder.layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
 ``encoder.layers.{i}.mlp.{gate,up,down}_proj.weight``, ``encoder.layers.{i}.{input,post_attention}_layernorm
-.weight``, ``encoder.norm.weight``, ``diffusion_head.weight``. Special ids always come from config.json.
+.weight``, ``encoder.norm.weight``, ``diffusion_head.weight`` (:data:`LAYOUT` maps them to the network's
+names, both ways). Special ids always come from config.json; :data:`SPECIAL_IDS` are the published
+checkpoints' (tekken) ids, which new checkpoints written by specframe use too.
 """
 
 from __future__ import annotations
@@ -28,19 +30,36 @@ from specframe.models.config_json import (
 from specframe.models.hub import ADAPTER_FOLDER
 from specframe.models.loading import Checkpoint
 from specframe.models.lora import attach_lora
-from specframe.models.tokenizer import load_tokenizer
-from specframe.models.transformer import DecoderBackend, NetworkConfig, SpecialTokens, build_network
-from specframe.models.weights import KeyLayout, open_weights
+from specframe.models.tokenizer import HubTokenizer, load_tokenizer
+from specframe.models.transformer import DecoderBackend, NetworkConfig, SpecialTokens
+from specframe.models.weights import KeyLayout, TensorSource
 
 FAMILY = "nemotron-labs-diffusion"
 MODEL_TYPES = ("nemotron_labs_diffusion",)
 LAYOUT = KeyLayout(renames=(("encoder.", "body."), ("diffusion_head.", "head.")))
+
+#: The special tokens at the start of the family's (tekken) vocabulary, by id, and the size of that block.
+SPECIAL_TOKENS = {0: "<unk>", 1: "<s>", 2: "</s>", 11: "<|im_end|>", 100: "[MASK]"}
+RESERVED_IDS = 128
+#: The config.json special ids of the published checkpoints (``<s>``, ``<|im_end|>``, ``[MASK]``).
+SPECIAL_IDS = {"bos_token_id": 1, "eos_token_id": 11, "mask_token_id": 100, "pad_token_id": 11}
 
 
 class NemotronLabsDiffusion(DecoderBackend):
     """A loaded Nemotron-Labs-Diffusion model (see the module docstring)."""
 
     family = FAMILY
+
+    @classmethod
+    def read_checkpoint(cls, ckpt: Checkpoint) -> tuple[NetworkConfig, SpecialTokens, HubTokenizer | None]:
+        """Network settings and special ids from config.json, and the tokenizer."""
+        config, special = parse_config(ckpt.config, str(ckpt.folder / "config.json"))
+        return config, special, load_tokenizer(ckpt.folder, config.dims.vocab_size)
+
+    @classmethod
+    def key_layout(cls, tensors: TensorSource, config: NetworkConfig, where: str) -> KeyLayout:
+        """The one layout of the family's checkpoints (:data:`LAYOUT`)."""
+        return LAYOUT
 
 
 def parse_config(raw: dict[str, Any], where: str) -> tuple[NetworkConfig, SpecialTokens]:
@@ -79,14 +98,10 @@ def load(ckpt: Checkpoint, *, adapter: bool | str | os.PathLike[str] = False) ->
     Raises:
         CheckpointError: If the checkpoint is malformed or inconsistent.
     """
-    config, special = parse_config(ckpt.config, str(ckpt.folder / "config.json"))
-    tokenizer = load_tokenizer(ckpt.folder, config.dims.vocab_size)
-    with open_weights(ckpt.folder) as tensors:
-        network = build_network(config, tensors, LAYOUT, ckpt)
-    model = NemotronLabsDiffusion(network, special, tokenizer, ckpt)
+    model = NemotronLabsDiffusion.from_checkpoint(ckpt)
     if adapter is not False:
         folder = ckpt.folder / ADAPTER_FOLDER if adapter is True else Path(adapter)
-        attach_lora(network, folder, module_prefix="encoder", device=ckpt.device, dtype=ckpt.dtype)
+        attach_lora(model.network, folder, module_prefix="encoder", device=ckpt.device, dtype=ckpt.dtype)
         model.has_adapter = True
     return model
 

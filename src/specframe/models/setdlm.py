@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +34,8 @@ from specframe.models.config_json import (
 from specframe.models.hub import download
 from specframe.models.loading import Checkpoint
 from specframe.models.tokenizer import HubTokenizer, load_tokenizer
-from specframe.models.transformer import DecoderBackend, NetworkConfig, SpecialTokens, build_network
-from specframe.models.weights import KeyLayout, TensorSource, open_weights
+from specframe.models.transformer import DecoderBackend, NetworkConfig, SpecialTokens
+from specframe.models.weights import KeyLayout, TensorSource
 
 FAMILY = "setdlm"
 MODEL_TYPES = ("bd3lm",)
@@ -42,6 +43,34 @@ BACKBONE_CONFIG_NAME = "backbone_config.json"
 MASK_TOKEN = "<|fim_middle|>"
 EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 PAD_TOKEN = "<|endoftext|>"
+#: Qwen3's special tokens, in vocabulary order after the BPE entries (``<|endoftext|>`` is 151643 and
+#: ``<|fim_middle|>`` 151660 in the released tokenizer).
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+)
+#: config.json special-id fields of a new checkpoint and the tokens whose ids they hold.
+CONFIG_TOKENS = {"mask_token_id": MASK_TOKEN, "pad_token_id": PAD_TOKEN}
 MASKED_LOGIT = -1e6
 _DIM_FIELDS = (
     "vocab_size",
@@ -51,17 +80,51 @@ _DIM_FIELDS = (
     "num_attention_heads",
     "max_position_embeddings",
 )
-_LAYOUTS = (  # (backbone prefix, output-layer prefix)
-    ("backbone.model.model.", "backbone.model.lm_head."),
-    ("model.", "lm_head."),
-)
 _IGNORED = (r"(^|\.)rotary_emb\.inv_freq$", r"(^|\.)static_attention_mask$")
+#: The released (BD3LM) checkpoints' names; the layout specframe writes SetDLM checkpoints in.
+LAYOUT = KeyLayout(renames=(("backbone.model.model.", "body."), ("backbone.model.lm_head.", "head.")), ignored=_IGNORED)
+#: A plain Qwen3 checkpoint's names (loadable with ``family="setdlm"``).
+QWEN3_LAYOUT = KeyLayout(renames=(("model.", "body."), ("lm_head.", "head.")), ignored=_IGNORED)
 
 
 class SetDLM(DecoderBackend):
     """A loaded SetDLM model (see the module docstring)."""
 
     family = FAMILY
+
+    @classmethod
+    def read_checkpoint(cls, ckpt: Checkpoint) -> tuple[NetworkConfig, SpecialTokens, HubTokenizer | None]:
+        """Network settings from the (backbone) config, the tokenizer, and special ids from either."""
+        config = parse_config(ckpt.config, ckpt.folder)
+        tokenizer = load_tokenizer(ckpt.folder, config.dims.vocab_size)
+        special = special_tokens(ckpt.config, tokenizer, ckpt.where)
+        ids = {"mask_token_id": special.mask, "eos_token_id": special.eos}
+        check_special_ids(ids, config.dims.vocab_size, ckpt.where)
+        return config, special, tokenizer
+
+    @classmethod
+    def key_layout(cls, tensors: TensorSource, config: NetworkConfig, where: str) -> KeyLayout:
+        """The checkpoint layout in use (BD3LM or plain Qwen3), checking a tied output layer's shape.
+
+        Raises:
+            CheckpointError: If no known layout matches, or the tied output layer has the wrong shape.
+        """
+        names = tensors.names()
+        for layout in (LAYOUT, QWEN3_LAYOUT):
+            embed = layout.to_checkpoint("body.embed_tokens.weight")
+            if embed not in names:
+                continue
+            head = layout.to_checkpoint("head.weight")
+            if not (config.tie_embeddings and head in names):
+                return layout
+            if tensors.shape(head) != tensors.shape(embed):
+                raise CheckpointError(
+                    f"{where}: tied output layer {head} has shape {list(tensors.shape(head))}, "
+                    f"but the embedding {embed} has {list(tensors.shape(embed))}"
+                )
+            return replace(layout, ignored=(*layout.ignored, f"^{re.escape(head)}$"))
+        expected = " or ".join(layout.to_checkpoint("body.embed_tokens.weight") for layout in (LAYOUT, QWEN3_LAYOUT))
+        raise CheckpointError(f"{where}: no embedding found (expected {expected}); is this a SetDLM/Qwen3 checkpoint?")
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Suppress the mask token in every row."""
@@ -157,31 +220,6 @@ def special_tokens(raw: Mapping[str, Any], tokenizer: HubTokenizer | None, where
     return SpecialTokens(mask=mask, eos=tuple(dict.fromkeys(eos)), pad=pad if pad is not None else vocab(PAD_TOKEN))
 
 
-def key_layout(source: TensorSource, config: NetworkConfig, where: str) -> KeyLayout:
-    """The checkpoint layout in use (BD3LM or plain Qwen3), checking a tied output layer's shape.
-
-    Raises:
-        CheckpointError: If no known layout matches, or the tied output layer has the wrong shape.
-    """
-    names = source.names()
-    for body, head in _LAYOUTS:
-        embed = f"{body}embed_tokens.weight"
-        if embed not in names:
-            continue
-        ignored = _IGNORED
-        head_name = f"{head}weight"
-        if config.tie_embeddings and head_name in names:
-            if source.shape(head_name) != source.shape(embed):
-                raise CheckpointError(
-                    f"{where}: tied output layer {head_name} has shape {list(source.shape(head_name))}, "
-                    f"but the embedding {embed} has {list(source.shape(embed))}"
-                )
-            ignored = (*_IGNORED, f"^{re.escape(head_name)}$")
-        return KeyLayout(renames=((body, "body."), (head, "head.")), ignored=ignored)
-    expected = " or ".join(f"{body}embed_tokens.weight" for body, _ in _LAYOUTS)
-    raise CheckpointError(f"{where}: no embedding found (expected {expected}); is this a SetDLM/Qwen3 checkpoint?")
-
-
 def load(ckpt: Checkpoint) -> SetDLM:
     """Load a located SetDLM checkpoint (use :func:`specframe.models.load_model`).
 
@@ -191,13 +229,7 @@ def load(ckpt: Checkpoint) -> SetDLM:
     Raises:
         CheckpointError: If the checkpoint is malformed or inconsistent.
     """
-    config = parse_config(ckpt.config, ckpt.folder)
-    tokenizer = load_tokenizer(ckpt.folder, config.dims.vocab_size)
-    special = special_tokens(ckpt.config, tokenizer, ckpt.where)
-    check_special_ids({"mask_token_id": special.mask, "eos_token_id": special.eos}, config.dims.vocab_size, ckpt.where)
-    with open_weights(ckpt.folder) as tensors:
-        network = build_network(config, tensors, key_layout(tensors, config, ckpt.where), ckpt)
-    return SetDLM(network, special, tokenizer, ckpt)
+    return SetDLM.from_checkpoint(ckpt)
 
 
 @hookimpl

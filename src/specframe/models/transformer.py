@@ -19,7 +19,7 @@ from specframe.models.calls import check_call
 from specframe.models.config_json import DecoderDims
 from specframe.models.layers import DecoderLayer, ForwardContext, RMSNorm, RopeSpec, RotaryEmbedding, llama4_query_scale
 from specframe.models.loading import Checkpoint
-from specframe.models.weights import KeyLayout, TensorSource, load_state
+from specframe.models.weights import KeyLayout, TensorSource, load_state, open_weights
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,9 @@ def build_network(
 class DecoderBackend(ModelBackend):
     """A :class:`ModelBackend` over a :class:`DecoderNetwork`.
 
-    Families subclass it to set :attr:`family` and, where needed, adjust logits (:meth:`finish_logits`).
+    Families subclass it to set :attr:`family`, to read their checkpoints (:meth:`read_checkpoint` and
+    :meth:`key_layout`, which :meth:`from_checkpoint` uses) and, where needed, to adjust logits
+    (:meth:`finish_logits`).
 
     Args:
         network: The loaded network.
@@ -160,6 +162,32 @@ class DecoderBackend(ModelBackend):
         self.dtype = checkpoint.dtype
         self.check_inputs = True
         self.rotary = RotaryEmbedding(network.config.rope, d.head_dim, self.device, self.dtype)
+
+    @classmethod
+    def read_checkpoint(cls, ckpt: Checkpoint) -> tuple[NetworkConfig, SpecialTokens, TextTokenizer | None]:
+        """The network settings, special ids and tokenizer of a checkpoint (each family reads its own).
+
+        Raises:
+            CheckpointError: If config.json or the tokenizer is malformed.
+        """
+        raise NotImplementedError(f"{cls.__name__} does not read checkpoints")
+
+    @classmethod
+    def key_layout(cls, tensors: TensorSource, config: NetworkConfig, where: str) -> KeyLayout:
+        """How this checkpoint's tensor names map to the network's parameter names."""
+        raise NotImplementedError(f"{cls.__name__} has no checkpoint key layout")
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint) -> DecoderBackend:
+        """Load a located checkpoint: read it, then build the network from its weights on the target device.
+
+        Raises:
+            CheckpointError: If the checkpoint is malformed, or its weights do not match its config.
+        """
+        config, special, tokenizer = cls.read_checkpoint(ckpt)
+        with open_weights(ckpt.folder) as tensors:
+            network = build_network(config, tensors, cls.key_layout(tensors, config, ckpt.where), ckpt)
+        return cls(network, special, tokenizer, ckpt)
 
     @torch.no_grad()
     def forward(

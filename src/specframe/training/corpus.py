@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from specframe.models.testing import NEMOTRON, NEMOTRON_RESERVED, NEMOTRON_SPECIALS, QWEN_SPECIALS, SETDLM
+from specframe.models import nemotron, setdlm
 
 HELDOUT_PERCENT = 5
 MAX_FILE_BYTES = 400_000
@@ -100,11 +100,11 @@ def train_tokenizer(family: str, texts: Sequence[str], vocab_size: int) -> Token
     Raises:
         ValueError: For an unknown family or a vocabulary too small for the byte alphabet.
     """
-    if family == NEMOTRON:
-        specials = [NEMOTRON_SPECIALS.get(i, f"<SPECIAL_{i}>") for i in range(NEMOTRON_RESERVED)]
+    if family == nemotron.FAMILY:
+        specials = [nemotron.SPECIAL_TOKENS.get(i, f"<SPECIAL_{i}>") for i in range(nemotron.RESERVED_IDS)]
         bpe_size = vocab_size
-    elif family == SETDLM:
-        specials, bpe_size = [], vocab_size - len(QWEN_SPECIALS)
+    elif family == setdlm.FAMILY:
+        specials, bpe_size = [], vocab_size - len(setdlm.SPECIAL_TOKENS)
     else:
         raise ValueError(f"unknown family {family!r}")
     if bpe_size - len(specials) < 512:
@@ -119,8 +119,8 @@ def train_tokenizer(family: str, texts: Sequence[str], vocab_size: int) -> Token
         show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer, length=len(texts))
-    if family == SETDLM:
-        tokenizer.add_special_tokens(list(QWEN_SPECIALS))
+    if family == setdlm.FAMILY:
+        tokenizer.add_special_tokens(list(setdlm.SPECIAL_TOKENS))
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size != vocab_size:  # a corpus too small to fill the vocabulary
         raise ValueError(f"the tokenizer has {size} ids, not {vocab_size}: the corpus is too small")

@@ -9,10 +9,11 @@ A run lives in a work folder::
       log.jsonl       one record per logged step and per evaluation
       summary.json    sizes, wall time and held-out perplexity of the finished run
 
-``config.json`` and the key names come from :func:`~specframe.models.testing.write_random_checkpoint` (the
-family's real field names), the network is built from that config by the family's own parser, and the
-trained weights are written over the random ones with :func:`~specframe.models.testing.write_tensors`, so
-:func:`specframe.models.load_model` reads the result like any Hub checkpoint.
+``config.json`` is written by :func:`specframe.models.export.write_config` (the family's real field names),
+the network is built from that config by the family's own reader, and the trained weights are exported
+under the family's tensor names (its key layout applied to the network's ``state_dict()``) with
+:func:`specframe.models.export.write_tensors`, so :func:`specframe.models.load_model` reads the result like
+any Hub checkpoint.
 """
 
 from __future__ import annotations
@@ -29,16 +30,17 @@ from typing import Any
 import torch
 
 from specframe.models import nemotron, setdlm
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint, write_tensors
+from specframe.models.export import checkpoint_tensors, write_config, write_tensors
+from specframe.models.loading import Checkpoint
 from specframe.models.tokenizer import HubTokenizer
 from specframe.models.transformer import DecoderNetwork, NetworkConfig, SpecialTokens
-from specframe.models.weights import KeyLayout
 from specframe.training.corpus import corpus_files, encode_documents, split_files, spread_windows, train_tokenizer
 from specframe.training.distill import DistillConfig, distillation_batch, greedy_rollouts
 from specframe.training.forward import TrainingForward
 from specframe.training.objectives import AnyOrderObjective, Batch, BlockDiffusionObjective, batch_losses
 
-SETDLM_LAYOUT = KeyLayout(renames=(("backbone.model.model.", "body."), ("backbone.model.lm_head.", "head.")))
+NEMOTRON, SETDLM = nemotron.FAMILY, setdlm.FAMILY
+FAMILY_MODULES = {NEMOTRON: nemotron, SETDLM: setdlm}
 FAMILY_ALIASES = {"nemotron": NEMOTRON, NEMOTRON: NEMOTRON, "setdlm": SETDLM}
 
 
@@ -175,14 +177,9 @@ class Corpus:
 
 def _special_ids(family: str, tokenizer: HubTokenizer) -> dict[str, int]:
     if family == NEMOTRON:
-        return {"bos_token_id": 1, "eos_token_id": 11, "mask_token_id": 100, "pad_token_id": 11}
-    ids = {name: tokenizer.token_to_id(token) for name, token in setdlm_specials().items()}
+        return dict(nemotron.SPECIAL_IDS)
+    ids = {name: tokenizer.token_to_id(token) for name, token in setdlm.CONFIG_TOKENS.items()}
     return {k: v for k, v in ids.items() if v is not None}
-
-
-def setdlm_specials() -> dict[str, str]:
-    """SetDLM's special tokens by config field."""
-    return {"mask_token_id": setdlm.MASK_TOKEN, "pad_token_id": setdlm.PAD_TOKEN}
 
 
 def prepare(config: TrainConfig, work: Path, log: Callable[[str], None] = print) -> tuple[Path, Corpus]:
@@ -221,7 +218,7 @@ def prepare(config: TrainConfig, work: Path, log: Callable[[str], None] = print)
 
 
 def _write_config(config: TrainConfig, hub: Path, ids: dict[str, int]) -> None:
-    """config.json (and placeholder random weights) in the family's Hub layout."""
+    """config.json in the family's Hub layout."""
     fields = config.hub_fields()
     if config.family == NEMOTRON:
         rope = {
@@ -230,27 +227,21 @@ def _write_config(config: TrainConfig, hub: Path, ids: dict[str, int]) -> None:
             "original_max_position_embeddings": config.max_position_embeddings // 4,
         }
         block = config.objective.get("max_block", BlockDiffusionObjective.max_block) - 1
-        write_random_checkpoint(NEMOTRON, hub, tokenizer=False, rope_parameters=rope, block_size=block, **fields, **ids)
-        return
-    write_random_checkpoint(SETDLM, hub, tokenizer=False, rope_theta=config.rope_theta, **fields, **ids)
-    path = hub / "config.json"
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    raw["torch_dtype"] = "bfloat16"
-    path.write_text(json.dumps(raw, indent=2), encoding="utf-8")
+        write_config(NEMOTRON, hub, rope_parameters=rope, block_size=block, **fields, **ids)
+    else:
+        write_config(SETDLM, hub, rope_theta=config.rope_theta, **fields, **ids)
+        raw = json.loads((hub / "config.json").read_text(encoding="utf-8"))
+        raw["torch_dtype"] = "bfloat16"  # at the top level too (write_config puts the sizes' dtype nested)
+        (hub / "config.json").write_text(json.dumps(raw, indent=2), encoding="utf-8")
 
 
 def network_config(family: str, hub: Path) -> tuple[NetworkConfig, SpecialTokens]:
     """The network settings and special ids the family's loader reads from ``hub``."""
     raw = json.loads((hub / "config.json").read_text(encoding="utf-8"))
-    if family == NEMOTRON:
-        return nemotron.parse_config(raw, str(hub / "config.json"))
-    tokenizer = HubTokenizer.from_file(hub / "tokenizer.json")
-    return setdlm.parse_config(raw, hub), setdlm.special_tokens(raw, tokenizer, str(hub))
-
-
-def key_layout(family: str) -> KeyLayout:
-    """How the family's Hub tensor names map to the network's parameter names."""
-    return nemotron.LAYOUT if family == NEMOTRON else SETDLM_LAYOUT
+    checkpoint = Checkpoint(hub, raw, str(hub), torch.device("cpu"), torch.float32)
+    backend = nemotron.NemotronLabsDiffusion if family == NEMOTRON else setdlm.SetDLM
+    config, special, _ = backend.read_checkpoint(checkpoint)
+    return config, special
 
 
 def objective_for(config: TrainConfig, special: SpecialTokens) -> BlockDiffusionObjective | AnyOrderObjective:
@@ -275,9 +266,8 @@ def init_network(network: DecoderNetwork, seed: int) -> None:
 
 
 def hub_tensors(network: DecoderNetwork, family: str, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
-    """The network's weights under the family's Hub tensor names, in ``dtype``."""
-    layout = key_layout(family)
-    return {layout.to_checkpoint(name): t.detach().to(dtype) for name, t in network.state_dict().items()}
+    """The network's weights under the family's Hub tensor names (its module's ``LAYOUT``), in ``dtype``."""
+    return checkpoint_tensors(network, FAMILY_MODULES[family].LAYOUT, dtype)
 
 
 def learning_rate(config: TrainConfig, step: int) -> float:
