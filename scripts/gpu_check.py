@@ -65,19 +65,15 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def decoder_sizes(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, head_dim: int) -> dict:
+    """The size fields of a decoder's config.json."""
+    names = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
+    return dict(zip(names, (hidden, intermediate, layers, heads, kv_heads), strict=True)) | {"head_dim": head_dim}
+
+
 def random_checkpoints(folder: Path, quick: bool) -> dict[str, Path]:
     """Random-weight checkpoints of both families (slightly larger than the unit-test ones off --quick)."""
-    sizes: dict[str, Any] = {}
-    if not quick:
-        sizes = dict(
-            hidden_size=256,
-            intermediate_size=512,
-            num_hidden_layers=4,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=64,
-            max_position_embeddings=1024,
-        )
+    sizes = {} if quick else decoder_sizes(256, 512, 4, 4, 2, 64) | {"max_position_embeddings": 1024}
     return {
         "random-nemotron": write_random_checkpoint(NEMOTRON, folder / "random-nemotron", seed=11, **sizes),
         "random-setdlm": write_random_checkpoint(SETDLM, folder / "random-setdlm", seed=12, **sizes),
@@ -183,27 +179,10 @@ def schedule_comparison(
 # --- (c) memory-bound forward -------------------------------------------------------------------------------
 def big_nemotron(folder: Path, quick: bool) -> tuple[Path, dict[str, Any]]:
     """Write a random Nemotron-style checkpoint in bfloat16 (about 1.2B parameters; tiny with --quick)."""
-    overrides: dict[str, Any] = dict(
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=5,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=32768,
-        max_position_embeddings=4096,
-    )
     if quick:
-        overrides = dict(
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=32,
-            vocab_size=512,
-            max_position_embeddings=1024,
-        )
+        overrides = decoder_sizes(128, 256, 2, 4, 2, 32) | {"vocab_size": 512, "max_position_embeddings": 1024}
+    else:
+        overrides = decoder_sizes(4096, 11008, 5, 32, 8, 128) | {"vocab_size": 32768, "max_position_embeddings": 4096}
     write_random_checkpoint(
         NEMOTRON, folder, tokenizer=False, dtype=torch.bfloat16, torch_dtype="bfloat16", **overrides
     )

@@ -15,7 +15,7 @@ import torch
 from specframe import compose
 from specframe.models import load_model
 from specframe.models.base import ModelBackend
-from specframe.models.testing import write_random_checkpoint
+from specframe.models.testing import small_vocabulary, write_random_checkpoint
 
 NEMOTRON = "nemotron-labs-diffusion"
 SETDLM = "setdlm"
@@ -30,18 +30,8 @@ def tiny_model(
     ``logit_scale`` multiplies every logit (a flatter output distribution for sampling tests; argmax
     unchanged).
     """
-    extra = {"bos_token_id": 1} if family == NEMOTRON else {}
     write_random_checkpoint(
-        family,
-        folder,
-        seed=seed,
-        tokenizer=False,
-        vocab_size=vocab,
-        mask_token_id=vocab - 1,
-        eos_token_id=vocab - 2,
-        pad_token_id=vocab - 2,
-        logit_scale=logit_scale,
-        **extra,
+        family, folder, seed=seed, tokenizer=False, logit_scale=logit_scale, **small_vocabulary(family, vocab)
     )
     model = load_model(folder, dtype=dtype)
     model.eos_token_ids = (vocab - 2,)

@@ -7,12 +7,11 @@ into the test environment) and specframe is run in a subprocess that can see it.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from specframe.plugin_testing import install_distribution, run_with
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "plugins" / "specframe-ablation-orders"
@@ -26,36 +25,11 @@ ENTRY = {
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(EXAMPLE),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    return target
-
-
-def _run(site, args, load=None):
-    env = {k: v for k, v in os.environ.items() if k != "SPECFRAME_LOAD_PLUGINS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
-    if load is not None:
-        env["SPECFRAME_LOAD_PLUGINS"] = load
-    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=120)
+    return install_distribution(EXAMPLE, tmp_path_factory.mktemp("site"))
 
 
 def test_specframe_plugins_lists_the_installed_plugin(site):
-    result = _run(site, ["-m", "specframe.cli", "plugins"])
+    result = run_with(site, ["-m", "specframe.cli", "plugins"])
     assert result.returncode == 0, result.stderr
     entries = json.loads(result.stdout)
     assert ENTRY in entries
@@ -73,13 +47,13 @@ def test_the_plugin_is_usable_by_name(site):
         "order = get_registry().get('order_policy', 'lowest-confidence').factory()\n"
         "print(order.order([5, 6, 7], {5: 0.9, 6: 0.1}))\n"
     )
-    result = _run(site, ["-c", code])
+    result = run_with(site, ["-c", code])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[6, 5, 7]"
 
 
 def test_load_selection_env_includes_or_excludes_entry_points(site):
-    none = json.loads(_run(site, ["-m", "specframe.cli", "plugins"], load="").stdout)
+    none = json.loads(run_with(site, ["-m", "specframe.cli", "plugins"], load="").stdout)
     assert ENTRY not in none and any(e["name"] == "packed" for e in none)  # built-ins always load
-    chosen = json.loads(_run(site, ["-m", "specframe.cli", "plugins"], load="specframe-ablation-orders").stdout)
+    chosen = json.loads(run_with(site, ["-m", "specframe.cli", "plugins"], load="specframe-ablation-orders").stdout)
     assert ENTRY in chosen

@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -63,14 +63,8 @@ class Generation:
     metrics: Metrics = field(default_factory=Metrics)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON object ``specframe generate --json`` prints."""
-        return {
-            "text": self.text,
-            "prompt_ids": self.prompt_ids,
-            "output_ids": self.output_ids,
-            "stop_reason": self.stop_reason,
-            "metrics": self.metrics.to_dict(),
-        }
+        """The JSON object ``specframe generate --json`` prints: every field, the metrics as their dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"metrics": self.metrics.to_dict()}
 
 
 @dataclass

@@ -103,12 +103,7 @@ class PluginEntry:
 
     def describe(self) -> dict[str, str]:
         """The entry as ``specframe plugins`` prints it."""
-        return {
-            "kind": self.kind,
-            "name": self.name,
-            "plugin": self.plugin,
-            "distribution": self.distribution,
-        }
+        return {"kind": self.kind, "name": self.name, "plugin": self.plugin, "distribution": self.distribution}
 
 
 @dataclass(frozen=True)

@@ -6,19 +6,14 @@ import pytest
 import specframe_adaptive_packed
 import torch
 
-from specframe.plugins import get_host, register_plugin, unregister_plugin
+from specframe.plugins import plugin_registered
 
 
 @pytest.fixture(autouse=True)
 def adaptive_packed_registered():
     """Register the plugin module unless its entry point already did (SPECFRAME_LOAD_PLUGINS may exclude it)."""
-    host = get_host()
-    if host.pm.is_registered(specframe_adaptive_packed):
+    with plugin_registered(specframe_adaptive_packed, "adaptive_packed"):
         yield
-        return
-    register_plugin(specframe_adaptive_packed, "adaptive_packed")
-    yield
-    unregister_plugin("adaptive_packed")
 
 
 @pytest.fixture(autouse=True, scope="session")

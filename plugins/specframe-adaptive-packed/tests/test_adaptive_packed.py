@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +17,8 @@ from specframe.errors import ConfigError
 from specframe.models import load_model
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
-from specframe.models.testing import write_random_checkpoint
+from specframe.models.testing import small_vocabulary, write_random_checkpoint
+from specframe.plugin_testing import install_distribution, run_with
 from specframe.state import Verification
 
 PLUGIN = Path(__file__).resolve().parents[1]
@@ -37,18 +35,7 @@ OPTIONS = (
 # --8<-- [start:tiny-model]
 def tiny_model(family: str, folder: Path, *, seed: int) -> ModelBackend:
     """A random float64 model with VOCAB ids: the last is the mask token, the one before it EOS."""
-    extra = {"bos_token_id": 1} if family == NEMOTRON else {}
-    write_random_checkpoint(
-        family,
-        folder,
-        seed=seed,
-        tokenizer=False,
-        vocab_size=VOCAB,
-        mask_token_id=VOCAB - 1,
-        eos_token_id=EOS,
-        pad_token_id=EOS,
-        **extra,
-    )
+    write_random_checkpoint(family, folder, seed=seed, tokenizer=False, **small_vocabulary(family, VOCAB))
     return load_model(folder, dtype="float64")
 
 
@@ -303,29 +290,8 @@ def test_the_width_follows_the_longest_recent_run():
 
 
 def test_installed_distribution_is_found_by_entry_point(tmp_path):
-    target = tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(PLUGIN),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    env = {k: v for k, v in os.environ.items() if k != "SPECFRAME_LOAD_PLUGINS"}
-    env["PYTHONPATH"] = os.pathsep.join([str(target), env.get("PYTHONPATH", "")])
-    env["SPECFRAME_LOAD_PLUGINS"] = "specframe-adaptive-packed"
-    result = subprocess.run(
-        [sys.executable, "-m", "specframe.cli", "plugins"], env=env, capture_output=True, text=True, timeout=120
-    )
+    site = install_distribution(PLUGIN, tmp_path / "site")
+    result = run_with(site, ["-m", "specframe.cli", "plugins"], load="specframe-adaptive-packed")
     assert result.returncode == 0, result.stderr
     assert {
         "kind": "schedule",

@@ -12,37 +12,21 @@ from specframe.models.cache import KVCache
 def check_call(
     model: ModelBackend,
     cache: KVCache,
-    input_ids: torch.Tensor,
-    position_ids: torch.Tensor,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
     attention: torch.Tensor,
-    output_rows: torch.Tensor | None = None,
-    adapter_rows: torch.Tensor | None = None,
+    output_rows: torch.Tensor | None,
+    adapter: torch.Tensor | None,
     *,
     values: bool = True,
 ) -> None:
-    """Check the arguments of :meth:`ModelBackend.forward` (see there) before the call runs.
+    """Check the arguments of :meth:`ModelBackend.forward` (see there, in its order) before the call runs.
 
     Shapes, dtypes and devices are checked without a host sync; with ``values``, the ids too (one host sync).
 
     Raises:
         InputError: Naming every problem found.
     """
-    problems = _shape_problems(model, cache, input_ids, position_ids, attention, output_rows, adapter_rows)
-    if not problems and values:
-        problems = _value_problems(model, cache, input_ids, position_ids, attention, output_rows)
-    if problems:
-        raise InputError("; ".join(problems))
-
-
-def _shape_problems(
-    model: ModelBackend,
-    cache: KVCache,
-    ids: torch.Tensor,
-    positions: torch.Tensor,
-    attention: torch.Tensor,
-    output_rows: torch.Tensor | None,
-    adapter: torch.Tensor | None,
-) -> list[str]:
     rows = ids.shape[0] if ids.dim() == 1 else -1
     problems = []
     if rows < 1:
@@ -68,17 +52,13 @@ def _shape_problems(
             f"the KV cache ({keys.dtype}, {keys.device}, layers/heads/head size {found}) was not made for this "
             f"model ({model.dtype}, {model.device}, {expected}); create it with model.new_cache()"
         )
-    return problems
+    if not problems and values:
+        problems = _value_problems(model, cache, ids, positions, attention, output_rows)
+    if problems:
+        raise InputError("; ".join(problems))
 
 
-def _value_problems(
-    model: ModelBackend,
-    cache: KVCache,
-    ids: torch.Tensor,
-    positions: torch.Tensor,
-    attention: torch.Tensor,
-    output_rows: torch.Tensor | None,
-) -> list[str]:
+def _value_problems(model: ModelBackend, cache: KVCache, ids, positions, attention, output_rows) -> list[str]:
     stats = [ids.min(), ids.max(), positions.min(), positions.max()]
     selected = output_rows is not None and output_rows.numel() > 0
     if selected:

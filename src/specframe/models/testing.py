@@ -92,6 +92,17 @@ def write_random_checkpoint(
     return folder
 
 
+def small_vocabulary(family: str, vocab_size: int) -> dict[str, int]:
+    """Config fields of a tiny vocabulary: the last id is the mask token, the one before it EOS and padding.
+
+    Nemotron's BOS stays at its published id. Use as
+    ``write_random_checkpoint(family, folder, tokenizer=False, **small_vocabulary(family, 24))``.
+    """
+    ids = {"vocab_size": vocab_size, "mask_token_id": vocab_size - 1}
+    ids |= {"eos_token_id": vocab_size - 2, "pad_token_id": vocab_size - 2}
+    return ids | ({"bos_token_id": nemotron.SPECIAL_IDS["bos_token_id"]} if family == NEMOTRON else {})
+
+
 def _setdlm_special_ids(vocab_size: int) -> dict[str, Any]:
     from tokenizers import Tokenizer
 

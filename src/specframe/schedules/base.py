@@ -152,6 +152,18 @@ def propose(state: DecodeState, logits) -> Proposals | None:
     return state.ctx.rule.propose(logits, state.ctx.generator)
 
 
+def store_group(
+    state: DecodeState, plan: CallPlan, result: CallResult, group: int = 0, *, keep_scores: bool = False
+) -> None:
+    """Propose ``plan``'s draft group ``group`` from its drafter logits and make that the stored draft.
+
+    The proposals (with the distributions they were drawn from) are kept at the group's targets that are
+    still unresolved; see :func:`store_drafts` for ``keep_scores``.
+    """
+    proposals = propose(state, result.draft_logits[group])
+    store_drafts(state, plan.drafts[group].targets, proposals, keep_scores=keep_scores)
+
+
 def draft_plan(state: DecodeState, targets: tuple[int, ...]) -> CallPlan:
     """A drafting-only plan: nothing to verify, one draft group over ``targets`` from the verified prefix."""
     return CallPlan(
@@ -162,6 +174,11 @@ def draft_plan(state: DecodeState, targets: tuple[int, ...]) -> CallPlan:
         drafts=(DraftGroup(context=0, targets=targets),),
         width=state.ctx.width,
     )
+
+
+def verify_only_plan(state: DecodeState) -> CallPlan:
+    """A plan that verifies the stored draft over the window and drafts nothing (an AR call if none is stored)."""
+    return window_plan(state, verification_window(state))
 
 
 def window_plan(

@@ -20,14 +20,7 @@ from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
-from specframe.schedules.base import (
-    Schedule,
-    propose,
-    store_drafts,
-    verification_window,
-    verify_planned_chain,
-    window_plan,
-)
+from specframe.schedules.base import Schedule, store_group, verification_window, verify_planned_chain, window_plan
 from specframe.schedules.packed import PackedSchedule
 from specframe.state import DecodeState
 
@@ -74,9 +67,7 @@ class KBranchSchedule(Schedule):
         """
         verdict = verify_planned_chain(state, plan, result)
         outcome = verdict.accepted + (1 if verdict.token is not None else 0)
-        group = branch_for(plan, outcome)
-        proposals = propose(state, result.draft_logits[group])
-        store_drafts(state, plan.drafts[group].targets, proposals)
+        store_group(state, plan, result, branch_for(plan, outcome))
         return verdict.accepted
 
 

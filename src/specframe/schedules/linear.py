@@ -11,15 +11,7 @@ from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult
-from specframe.schedules.base import (
-    Schedule,
-    draft_plan,
-    propose,
-    store_drafts,
-    verification_window,
-    verify_planned_chain,
-    window_plan,
-)
+from specframe.schedules.base import Schedule, draft_plan, store_group, verify_only_plan, verify_planned_chain
 from specframe.state import DecodeState
 
 
@@ -31,14 +23,13 @@ class LinearSchedule(Schedule):
     def plan(self, state: DecodeState) -> CallPlan:
         """Prompt call, then alternately a drafting call (no stored draft) and a verification call."""
         if state.first_call or state.drafts:
-            return window_plan(state, verification_window(state))
+            return verify_only_plan(state)
         return draft_plan(state, tuple(state.window()))
 
     def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
         """Store a fresh draft, or verify one and remember the verifier's confidence per position."""
         if plan.num_verify == 0:
-            proposals = propose(state, result.draft_logits[0])
-            store_drafts(state, plan.drafts[0].targets, proposals, keep_scores=True)
+            store_group(state, plan, result, keep_scores=True)
             return 0
         verdict = verify_planned_chain(state, plan, result)
         scores = dict(zip(plan.order[: plan.num_verify], verdict.scores.tolist(), strict=True))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult
-from specframe.schedules.base import draft_plan, verification_window, verify_planned_chain, window_plan
+from specframe.schedules.base import draft_plan, verify_only_plan, verify_planned_chain
 from specframe.schedules.native import NativeSchedule
 from specframe.state import DecodeState
 
@@ -28,7 +28,7 @@ class BlockDiffusionSchedule(NativeSchedule):
         """A causal call when no block is open (prompt, or a full block to commit); else a diffusion step."""
         open_slots = self._open_slots(state)
         if not open_slots:
-            return window_plan(state, verification_window(state))
+            return verify_only_plan(state)
         return draft_plan(state, tuple(open_slots))
 
     def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:

@@ -16,14 +16,7 @@ from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
-from specframe.schedules.base import (
-    Schedule,
-    propose,
-    store_drafts,
-    verification_window,
-    verify_planned_chain,
-    window_plan,
-)
+from specframe.schedules.base import Schedule, store_group, verification_window, verify_planned_chain, window_plan
 from specframe.state import DecodeState
 
 
@@ -45,8 +38,7 @@ class PackedSchedule(Schedule):
     def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
         """Verify against the stored proposals, then keep the fresh proposals at unresolved positions."""
         verdict = verify_planned_chain(state, plan, result)
-        proposals = propose(state, result.draft_logits[0])
-        store_drafts(state, plan.drafts[0].targets, proposals)
+        store_group(state, plan, result)
         return verdict.accepted
 
 

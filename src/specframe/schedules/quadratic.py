@@ -10,14 +10,7 @@ from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
-from specframe.schedules.base import (
-    Schedule,
-    propose,
-    store_drafts,
-    verification_window,
-    verify_planned_chain,
-    window_plan,
-)
+from specframe.schedules.base import Schedule, store_group, verification_window, verify_planned_chain, window_plan
 from specframe.state import DecodeState
 
 
@@ -41,9 +34,7 @@ class QuadraticSchedule(Schedule):
         """Verify, then sample the draft from the branch that matches the outcome."""
         verdict = verify_planned_chain(state, plan, result)
         outcome = verdict.accepted + (1 if verdict.token is not None else 0)
-        branch = outcome - 1
-        proposals = propose(state, result.draft_logits[branch])
-        store_drafts(state, plan.drafts[branch].targets, proposals)
+        store_group(state, plan, result, outcome - 1)
         return verdict.accepted
 
 

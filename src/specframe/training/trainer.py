@@ -117,18 +117,10 @@ class TrainConfig:
         DistillConfig(**self.distill)  # unknown or invalid options fail here, before any training
 
     def hub_fields(self) -> dict[str, Any]:
-        """The model-size fields of ``config.json``."""
-        return {
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "intermediate_size": self.intermediate_size,
-            "num_attention_heads": self.num_attention_heads,
-            "num_key_value_heads": self.num_key_value_heads,
-            "head_dim": self.head_dim,
-            "max_position_embeddings": self.max_position_embeddings,
-            "torch_dtype": "bfloat16",
-        }
+        """The model-size fields of ``config.json`` (this config's fields of the same names), in bfloat16."""
+        sizes = ("vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads")
+        sizes += ("num_key_value_heads", "head_dim", "max_position_embeddings")
+        return {name: getattr(self, name) for name in sizes} | {"torch_dtype": "bfloat16"}
 
 
 # The shipped models (scripts/train_bundled.sh): each trains in under 30 minutes on 2 CPU cores. Their folder

@@ -17,14 +17,7 @@ from __future__ import annotations
 
 from specframe import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
-from specframe.schedules.base import (
-    Schedule,
-    propose,
-    store_drafts,
-    verification_window,
-    verify_planned_chain,
-    window_plan,
-)
+from specframe.schedules.base import Schedule, store_group, verification_window, verify_planned_chain, window_plan
 from specframe.state import DecodeState
 
 #: How many recent checked drafts the draft width looks back on.
@@ -58,12 +51,7 @@ class AdaptivePackedSchedule(Schedule):
 
     def describe(self) -> dict[str, object]:
         """Name and options, as metrics and bench records show them."""
-        return {
-            "name": self.name,
-            "min_width": self.min_width,
-            "patience": self.patience,
-            "cooldown": self.cooldown,
-        }
+        return {"name": self.name, "min_width": self.min_width, "patience": self.patience, "cooldown": self.cooldown}
 
     # --8<-- [end:class]
 
@@ -137,10 +125,9 @@ class AdaptivePackedSchedule(Schedule):
         """Verify with the library's acceptance rule, keep the fresh proposals (or none); return accepted drafts."""
         verdict = verify_planned_chain(state, plan, result)
         if plan.drafts:
-            proposals = propose(state, result.draft_logits[0])
-            store_drafts(state, plan.drafts[0].targets, proposals)
+            store_group(state, plan, result)
         else:
-            store_drafts(state, (), None)  # what is left of a rejected draft is not checked again
+            state.set_drafts({}, {})  # what is left of a rejected draft is not checked again
         return verdict.accepted
 
     # --8<-- [end:update]
