@@ -181,3 +181,28 @@ def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
                 assert with_adapter.output_ids == reference == without.output_ids
                 drafted_differently |= with_adapter.metrics.accept_lengths != without.metrics.accept_lengths
     assert drafted_differently
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("schedule", ["ar", "native", *SPECULATIVE], ids=str)
+def test_update_returns_the_accepted_drafts_of_its_call(models, family, schedule):
+    """``Schedule.update`` reports the draft tokens it accepted, which is what the decoder keeps cached."""
+    decoder = compose({"model": models[family], "schedule": schedule, "width": 4, "max_new_tokens": 16})
+    update = decoder.schedule.update
+    seen = []
+
+    def checked(state, plan, result):
+        before = len(state.verifications)
+        returned = update(state, plan, result)
+        recorded = state.verifications[before:]
+        seen.append((returned, sum(v.accepted for v in recorded), len(recorded) <= 1))
+        return returned
+
+    decoder.schedule.update = checked
+    with eos_ids(models[family], ()):
+        for seed in range(3):
+            decoder.generate(prompt_ids=[(seed * 5 + i) % EOS for i in range(1 + seed)])
+    assert seen and all(one for _, _, one in seen)
+    assert all(returned == accepted for returned, accepted, _ in seen)
+    if schedule not in ("ar", "native"):
+        assert any(returned for returned, _, _ in seen)  # drafts were accepted, so the check has teeth

@@ -180,3 +180,21 @@ def test_entry_point_selection_env(monkeypatch):
     assert plugins._wanted_entry_points() == set()
     monkeypatch.delenv("SPECFRAME_LOAD_PLUGINS")
     assert plugins._wanted_entry_points() is None
+
+
+def test_the_registry_is_collected_once_per_change_of_the_plugin_set(host):
+    calls = []
+
+    def register_order_policies(register):
+        calls.append(1)
+        register("counted", lambda: None)
+
+    first = host.registry()
+    assert host.registry() is first  # compose and load_model reuse it: no hook runs again
+    register_plugin(_plugin(register_order_policies=register_order_policies), "counting")
+    second = host.registry()
+    assert second is not first and host.registry() is second and len(calls) == 1
+    assert "counted" in second.names("order_policy") and "counted" not in first.names("order_policy")
+    unregister_plugin("counting")
+    assert "counted" not in host.registry().names("order_policy") and len(calls) == 1
+

@@ -1,6 +1,7 @@
 """The five plugin interfaces of specframe, as pluggy hook specifications.
 
-Each hook hands the plugin a ``register(name, factory, **extras)`` callback. The host stamps each entry
+Each hook hands the plugin a ``register(name, factory, **extras)`` callback; a factory is usually the
+implementation's class itself, called with the configuration's options. The host stamps each entry
 with the plugin that registered it, rejects duplicate names and reports a broken plugin without breaking
 the others. A plugin module implements any subset of the hooks with :data:`hookimpl`::
 
@@ -29,7 +30,9 @@ Register = Callable[..., None]
 def register_model_backends(register: Register) -> None:
     """Register model families: ``register(family, loader, model_types=[...])``.
 
-    ``loader(source, *, device, dtype, revision)`` returns a :class:`specframe.models.ModelBackend`;
+    ``loader(checkpoint)`` returns a :class:`specframe.models.ModelBackend` for the located
+    :class:`specframe.models.loading.Checkpoint` (folder, parsed config.json, name, device and dtype, each
+    resolved once by ``load_model``); a loader that also takes ``adapter`` supports the proposal-only adapter.
     ``model_types`` lists the ``model_type`` values of ``config.json`` that the family reads.
     """
 
