@@ -111,6 +111,12 @@ def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = Tru
     parser.add_argument("--revision", help="Hub revision of --model")
     parser.add_argument("--adapter", action="store_true", help="use the model's proposal-only LoRA adapter")
     parser.add_argument(
+        "--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS, else chosen from model size and free cores)"
+    )
+    parser.add_argument(
+        "--compile", action="store_true", help="compiled model calls with static shapes (torch.compile; slow warm-up)"
+    )
+    parser.add_argument(
         "--stop",
         action="append",
         default=[],
@@ -167,6 +173,8 @@ def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> 
         "revision": args.revision,
         "adapter": args.adapter,
         "stop": [unescape(s, option="--stop") for s in args.stop],
+        "threads": args.threads,
+        "compile": args.compile,
     }
 
 

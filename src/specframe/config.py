@@ -32,6 +32,7 @@ from specframe.decoder import Decoder, seed_problem
 from specframe.errors import ConfigError, PluginError, SpecframeError
 from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
+from specframe.models.threads import apply_threads
 from specframe.orders.base import OrderPolicy
 from specframe.plugins import KINDS, PluginEntry, get_registry
 from specframe.schedules.base import Schedule
@@ -66,6 +67,10 @@ class DecoderConfig:
         revision: Hub revision (branch, tag or commit) when ``model`` is a repo id.
         adapter: Load and use the model's proposal-only adapter (Nemotron's ``linear_spec_lora``).
         stop: Stop sequences: strings (tokenized without special tokens) or lists of token ids.
+        threads: CPU threads for torch (``None``: ``OMP_NUM_THREADS`` if set, else chosen from the model's
+            size and the machine's free cores; see :mod:`specframe.models.threads`).
+        compile: Run steady-state model calls as compiled graphs with static shapes (``torch.compile``;
+            CUDA graphs on CUDA); see :mod:`specframe.models.compiled`.
     """
 
     model: str | ModelBackend | None = None
@@ -80,6 +85,8 @@ class DecoderConfig:
     revision: str | None = None
     adapter: bool = False
     stop: Sequence[str | Sequence[int]] = field(default_factory=tuple)
+    threads: int | None = None
+    compile: bool = False
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> DecoderConfig:
@@ -125,6 +132,10 @@ class DecoderConfig:
                 )
         if not isinstance(self.adapter, bool):
             raise ConfigError(f"adapter must be true or false, got {self.adapter!r}")
+        if self.threads is not None:
+            _check_int("threads", self.threads, minimum=1)
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"compile must be true or false, got {self.compile!r}")
         for name in ("schedule", "order", "acceptance"):
             plugin_spec(name, getattr(self, name))
         if isinstance(self.stop, (str, bytes)) or not isinstance(self.stop, Sequence):
@@ -236,6 +247,9 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     registry = get_registry()
     model = _load(cfg)
     check_width(cfg.width, model)
+    apply_threads(model, cfg.threads)
+    if cfg.compile:
+        enable_compiled(model)
     builder = build_plugin(registry.get("mask_builder", model.family), "mask builder", {}, model)
     order_name, order_options = plugin_spec("order", cfg.order)
     order = build_plugin(registry.get("order_policy", order_name), "order", order_options)
@@ -288,6 +302,20 @@ def _load(cfg: DecoderConfig) -> ModelBackend:
     return load_model(
         cfg.model, device=cfg.device or "cpu", dtype=cfg.dtype, revision=cfg.revision, adapter=cfg.adapter
     )
+
+
+def enable_compiled(model: ModelBackend) -> None:
+    """Switch ``model`` to its compiled path.
+
+    Raises:
+        ConfigError: If the backend has no compiled path, or torch.compile cannot run on this machine.
+    """
+    enable = getattr(model, "enable_compiled", None)
+    if enable is None:
+        raise ConfigError(
+            f"model backend {type(model).__name__} ({model.family}) has no compiled path; drop compile / --compile"
+        )
+    enable()
 
 
 def _stop_sequences(cfg: DecoderConfig, model: ModelBackend) -> list[list[int]]:

@@ -119,6 +119,8 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         device=args.device,
         resamples=args.resamples,
         bootstrap_seed=args.bootstrap_seed,
+        threads=args.threads,
+        compile=args.compile,
     )
     settings.validate()
     return settings
@@ -190,6 +192,7 @@ def equivalent_command(settings: BenchSettings, out: str) -> str:
         ("--shard", f"{settings.shard[0]}/{settings.shard[1]}" if settings.shard else None),
         ("--warmup", settings.warmup),
         ("--baseline", settings.baseline),
+        ("--threads", settings.threads),
         ("--out", out),
     ]
     words = ["specframe", "bench"]
@@ -197,6 +200,7 @@ def equivalent_command(settings: BenchSettings, out: str) -> str:
         if value is not None:
             words += [flag, str(value)]
     words += ["--adapter"] * settings.adapter
+    words += ["--compile"] * settings.compile
     for stop in settings.stop:
         words += ["--stop", _escape(stop)]
     return shlex.join(words)

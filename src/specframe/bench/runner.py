@@ -77,6 +77,8 @@ def compose_decoders(model: ModelBackend, settings: BenchSettings) -> dict[Metho
                 "seed": settings.seed,
                 "adapter": settings.adapter,
                 "stop": list(settings.stop),
+                "threads": settings.threads,
+                "compile": settings.compile,
             }
         )
     return decoders

@@ -13,7 +13,9 @@ from specframe.specs import format_spec, parse_spec, spec_name
 # Settings that may differ between a stored run and a resumed one, or between shards being merged: they
 # change which prompts a process works on or how it reports, never what a record means.
 # task_file is a local path (it may differ between hosts); task_digest checks that the prompts are the same.
-SCOPE_KEYS = frozenset({"limit", "shard", "warmup", "baseline", "device", "resamples", "bootstrap_seed", "task_file"})
+SCOPE_KEYS = frozenset(
+    {"limit", "shard", "warmup", "baseline", "device", "resamples", "bootstrap_seed", "task_file", "threads"}
+)
 MAX_REPEATS = 1000  # seeds are base + 1000 * prompt index + repeat
 WIDTHLESS = frozenset({"ar"})  # schedules that take no speculative width
 
@@ -102,6 +104,8 @@ class BenchSettings:
         device: Device the model runs on.
         resamples: Bootstrap resamples.
         bootstrap_seed: Seed of the bootstrap's prompt draws.
+        threads: CPU threads (``None``: the thread policy of :mod:`specframe.models.threads`).
+        compile: Compiled model calls (:mod:`specframe.models.compiled`).
     """
 
     task: str
@@ -128,6 +132,8 @@ class BenchSettings:
     device: str | None = None
     resamples: int = 20_000
     bootstrap_seed: int = 0
+    threads: int | None = None
+    compile: bool = False
 
     def validate(self) -> None:
         """Check ranges and combinations.

@@ -17,6 +17,7 @@ from specframe.models.base import ModelBackend, TextTokenizer
 from specframe.models.cache import KVCache
 from specframe.models.calls import check_call
 from specframe.models.config_json import DecoderDims
+from specframe.models.fast import FastForward, fuse_projections
 from specframe.models.layers import DecoderLayer, ForwardContext, RMSNorm, RopeSpec, RotaryEmbedding, llama4_query_scale
 from specframe.models.loading import Checkpoint
 from specframe.models.weights import KeyLayout, TensorSource, load_state, open_weights
@@ -134,6 +135,10 @@ class DecoderBackend(ModelBackend):
         check_inputs: Validate token and position ids on every call (one host sync per call); benchmarks
             that trust their mask builder may turn it off.
         pad_token_id: Padding id, if the checkpoint names one.
+        num_parameters: Parameters of the network (for the thread policy of :mod:`specframe.models.threads`).
+        threads: Thread count chosen for this model when a decoder was composed on it (``None`` before).
+        path: ``"eager"`` (the default: the flat forward of :mod:`specframe.models.fast`) or
+            ``"reference"`` (the network's own modules, one op per checkpoint tensor; kept for comparison).
     """
 
     def __init__(
@@ -162,6 +167,12 @@ class DecoderBackend(ModelBackend):
         self.dtype = checkpoint.dtype
         self.check_inputs = True
         self.rotary = RotaryEmbedding(network.config.rope, d.head_dim, self.device, self.dtype)
+        self.path = "eager"
+        self.num_parameters = sum(p.numel() for p in network.parameters())
+        self.threads: int | None = None
+        fuse_projections(network)
+        scaling = (network.config.query_scale_beta, network.config.query_scale_length)
+        self.fast = FastForward(network, self.rotary, scaling, self.device, self.dtype)
 
     @classmethod
     def read_checkpoint(cls, ckpt: Checkpoint) -> tuple[NetworkConfig, SpecialTokens, TextTokenizer | None]:
@@ -211,6 +222,24 @@ class DecoderBackend(ModelBackend):
         check_call(
             self, cache, input_ids, position_ids, attention, output_rows, adapter_rows, values=self.check_inputs
         )
+        if self.path == "reference":
+            logits = self._reference_forward(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
+        else:
+            hidden = self.fast.hidden(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
+            logits = self.fast.logits(hidden)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        return self.finish_logits(logits)
+
+    def _reference_forward(
+        self,
+        cache: KVCache,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention: torch.Tensor,
+        output_rows: torch.Tensor | None,
+        adapter_rows: torch.Tensor | None,
+    ) -> torch.Tensor:
         rows = input_ids.shape[0]
         cache.reserve(rows)
         cos, sin = self.rotary(position_ids)
@@ -223,11 +252,7 @@ class DecoderBackend(ModelBackend):
             query_scale=self._query_scale(position_ids),
             adapter_rows=adapter_rows if self.has_adapter else None,
         )
-        hidden = self.network.body(input_ids, ctx, output_rows)
-        logits = self.network.logits(hidden)
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()
-        return self.finish_logits(logits)
+        return self.network.logits(self.network.body(input_ids, ctx, output_rows))
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Family-specific adjustment of returned logits (identity by default)."""

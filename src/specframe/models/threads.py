@@ -1,0 +1,102 @@
+"""How many CPU threads torch uses for a model: an explicit choice, ``OMP_NUM_THREADS``, or a policy.
+
+A call of a small model is a chain of small operations; splitting each one across threads costs a
+synchronisation per operation, which a 4M-parameter model cannot repay, and a thread that waits for a core
+held by another process stalls every operation it takes part in. Measured on the 2-core development machine:
+``specframe generate`` with one busy neighbour process took 30x longer with torch's default of one thread per
+core than alone. The policy therefore is:
+
+1. ``threads`` given (``--threads N``, config ``threads: N``): use exactly N;
+2. else ``OMP_NUM_THREADS`` set: leave torch's thread count alone (torch has already read it);
+3. else: one thread per :data:`PARAMETERS_PER_THREAD` parameters (at least one), but no more than the
+   cores that are free -- the machine's cores minus its one-minute load average, rounded -- so that a
+   neighbour's busy core is not also given to a spinning torch thread.
+
+The bundled 4M-parameter models therefore run on one thread; a 156M-parameter model gets up to two.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specframe.errors import ConfigError
+
+PARAMETERS_PER_THREAD = 64_000_000
+"""Parameters one thread is given before a second one pays for its synchronisation."""
+
+
+def machine_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def busy_cores() -> int:
+    """Cores other processes keep busy, from the one-minute load average (0 where the OS does not say)."""
+    try:
+        return int(os.getloadavg()[0] + 0.5)
+    except (AttributeError, OSError):
+        return 0
+
+
+def default_threads(parameters: int, *, cores: int | None = None, busy: int | None = None) -> int:
+    """The thread count the policy picks for a model with ``parameters`` parameters (see the module docstring).
+
+    Args:
+        parameters: The model's parameter count.
+        cores: Usable cores (default: :func:`machine_cores`).
+        busy: Cores busy with other work (default: :func:`busy_cores`).
+    """
+    cores = machine_cores() if cores is None else cores
+    busy = busy_cores() if busy is None else busy
+    wanted = max(1, parameters // PARAMETERS_PER_THREAD)
+    free = max(1, cores - busy)
+    return max(1, min(wanted, free, cores))
+
+
+def choose_threads(threads: int | None, parameters: int) -> int | None:
+    """Resolve the thread count for a model: ``threads``, else ``None`` under ``OMP_NUM_THREADS``, else the policy.
+
+    Raises:
+        ConfigError: If ``threads`` is not a positive integer.
+    """
+    if threads is not None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ConfigError(f"threads must be a positive integer, got {threads!r}")
+        return threads
+    if os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return default_threads(parameters)
+
+
+def apply_threads(model: object, threads: int | None) -> int:
+    """Set torch's intra-op thread count for ``model`` per :func:`choose_threads`; returns the count in effect.
+
+    The policy's choice is made once per model (stored as ``model.threads``), so composing more decoders on
+    a model later -- when this process's own work has raised the load average -- does not lower it. A
+    backend without a ``num_parameters`` attribute leaves torch's count alone unless ``threads`` is given.
+    torch's thread count is process-wide: the last decoder composed decides it.
+
+    Raises:
+        ConfigError: If ``threads`` is not a positive integer.
+    """
+    parameters = getattr(model, "num_parameters", None)
+    if threads is None:
+        remembered = getattr(model, "threads", None)
+        if remembered is not None:
+            threads = remembered
+        elif not parameters:
+            return torch.get_num_threads()
+    chosen = choose_threads(threads, int(parameters or 0))
+    if chosen is not None:
+        if chosen != torch.get_num_threads():
+            torch.set_num_threads(chosen)
+        try:
+            model.threads = chosen  # type: ignore[attr-defined]
+        except AttributeError:
+            pass
+    return torch.get_num_threads()

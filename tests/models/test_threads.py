@@ -1,0 +1,59 @@
+"""The thread policy: explicit choice, then OMP_NUM_THREADS, then model size against the free cores."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specframe import compose
+from specframe.errors import ConfigError
+from specframe.models.threads import PARAMETERS_PER_THREAD, apply_threads, choose_threads, default_threads
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    saved = torch.get_num_threads()
+    yield
+    torch.set_num_threads(saved)
+
+
+def test_small_models_get_one_thread_and_large_ones_the_free_cores():
+    assert default_threads(4_200_000, cores=16, busy=0) == 1
+    assert default_threads(2 * PARAMETERS_PER_THREAD, cores=2, busy=0) == 2
+    assert default_threads(2 * PARAMETERS_PER_THREAD, cores=2, busy=1) == 1  # a busy neighbour keeps its core
+    assert default_threads(100 * PARAMETERS_PER_THREAD, cores=8, busy=3) == 5
+    assert default_threads(100 * PARAMETERS_PER_THREAD, cores=2, busy=9) == 1
+
+
+def test_explicit_threads_win_and_omp_num_threads_is_respected(monkeypatch):
+    assert choose_threads(3, 10) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert choose_threads(None, 10**10) is None
+    assert choose_threads(1, 10**10) == 1
+    with pytest.raises(ConfigError, match="positive integer"):
+        choose_threads(0, 10)
+
+
+def test_the_policy_decides_once_per_model():
+    class Backend:
+        num_parameters = 4_000_000
+        threads = None
+
+    backend = Backend()
+    torch.set_num_threads(2)
+    assert apply_threads(backend, None) == 1
+    assert backend.threads == 1
+    torch.set_num_threads(2)
+    assert apply_threads(backend, None) == 1  # remembered, not re-derived from the load average
+    assert apply_threads(backend, 2) == 2
+
+
+def test_compose_sets_threads_and_rejects_bad_values(tmp_path):
+    from decoding_helpers import tiny_model
+
+    model = tiny_model("setdlm", tmp_path / "m", vocab=24, seed=1)
+    compose({"model": model, "schedule": "ar", "threads": 2})
+    assert torch.get_num_threads() == 2
+    with pytest.raises(ConfigError, match="threads"):
+        compose({"model": model, "schedule": "ar", "threads": 0})
