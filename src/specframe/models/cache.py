@@ -64,8 +64,8 @@ class KVCache:
             new_capacity = max(needed, int(self.capacity * 1.5))
             grow = new_capacity - self.capacity
             pad = (self.num_layers, grow, *self.keys.shape[2:])
-            self.keys = torch.cat([self.keys, self.keys.new_empty(pad)], dim=1)
-            self.values = torch.cat([self.values, self.values.new_empty(pad)], dim=1)
+            self.keys = torch.cat([self.keys, self.keys.new_zeros(pad)], dim=1)
+            self.values = torch.cat([self.values, self.values.new_zeros(pad)], dim=1)
         self.staged = rows
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -176,6 +176,11 @@ class FastForward:
             lora=attn.o_lora,
         )
 
+    @property
+    def has_lora(self) -> bool:
+        """Whether a proposal-only adapter is attached."""
+        return self._lora_count > 0
+
     def _count_lora(self) -> int:
         return sum(layer.self_attn.o_lora is not None for layer in self.network.body.layers)
 

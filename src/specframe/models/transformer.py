@@ -16,6 +16,7 @@ from torch import nn
 from specframe.models.base import ModelBackend, TextTokenizer
 from specframe.models.cache import KVCache
 from specframe.models.calls import check_call
+from specframe.models.compiled import CompiledPath
 from specframe.models.config_json import DecoderDims
 from specframe.models.fast import FastForward, fuse_projections
 from specframe.models.layers import DecoderLayer, ForwardContext, RMSNorm, RopeSpec, RotaryEmbedding, llama4_query_scale
@@ -137,7 +138,8 @@ class DecoderBackend(ModelBackend):
         pad_token_id: Padding id, if the checkpoint names one.
         num_parameters: Parameters of the network (for the thread policy of :mod:`specframe.models.threads`).
         threads: Thread count chosen for this model when a decoder was composed on it (``None`` before).
-        path: ``"eager"`` (the default: the flat forward of :mod:`specframe.models.fast`) or
+        path: ``"eager"`` (the default: the flat forward of :mod:`specframe.models.fast`), ``"compiled"``
+            (static-shape graphs, :mod:`specframe.models.compiled`; set by :meth:`enable_compiled`) or
             ``"reference"`` (the network's own modules, one op per checkpoint tensor; kept for comparison).
     """
 
@@ -173,6 +175,26 @@ class DecoderBackend(ModelBackend):
         fuse_projections(network)
         scaling = (network.config.query_scale_beta, network.config.query_scale_length)
         self.fast = FastForward(network, self.rotary, scaling, self.device, self.dtype)
+        self.compiled: CompiledPath | None = None
+
+    def enable_compiled(self, backend: str = "inductor") -> None:
+        """Run steady-state calls as compiled static-shape graphs from now on (see :mod:`specframe.models.compiled`).
+
+        Args:
+            backend: The ``torch.compile`` backend.
+
+        Raises:
+            ConfigError: If ``torch.compile`` cannot run on this device (no C++ compiler on the CPU, ...).
+        """
+        if self.compiled is None or self.compiled.backend != backend:
+            self.compiled = CompiledPath(self.fast, backend)
+        self.path = "compiled"
+
+    def new_cache(self, capacity: int) -> KVCache:
+        """An empty cache for ``capacity`` rows (on the compiled path: a fixed, rounded-up, zero-filled one)."""
+        if self.path == "compiled" and self.compiled is not None:
+            return self.compiled.new_cache(self.num_layers, self.num_kv_heads, self.head_dim, capacity)
+        return super().new_cache(capacity)
 
     @classmethod
     def read_checkpoint(cls, ckpt: Checkpoint) -> tuple[NetworkConfig, SpecialTokens, TextTokenizer | None]:
@@ -224,6 +246,9 @@ class DecoderBackend(ModelBackend):
         )
         if self.path == "reference":
             logits = self._reference_forward(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
+        elif self.path == "compiled" and self.compiled is not None:
+            hidden = self.compiled.hidden(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
+            logits = self.fast.logits(hidden)
         else:
             hidden = self.fast.hidden(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
             logits = self.fast.logits(hidden)

@@ -1,0 +1,139 @@
+"""The compiled path (static shapes, fixed-capacity cache, masked attention) is exact too.
+
+Greedy: every speculative schedule on the compiled path reproduces plain AR on the eager path token for
+token, in float64. The graph logic (masking over the whole capacity, padding, keys and values as outputs)
+is exercised property-based with the ``aot_eager`` backend, which traces the same graphs but generates no
+code; the real inductor backend runs a fixed matrix of schedules on both families and a sampling test
+(each graph costs a compilation of tens of seconds on a small CPU, hence the ``slow`` mark).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, generate, tiny_model
+from specframe import compose
+from specframe.errors import ConfigError
+from specframe.models import compiled as compiled_module
+from specframe.models.compiled import CAPACITY_STEP
+
+VOCAB = 24
+
+
+@pytest.fixture(scope="module")
+def pairs(tmp_path_factory):
+    """Per family: an eager model and a same-weight model on the compiled path (aot_eager backend)."""
+    root = tmp_path_factory.mktemp("compiled")
+    out = {}
+    for family in FAMILIES:
+        eager = tiny_model(family, root / f"{family}-eager", vocab=VOCAB, seed=1)
+        graphs = tiny_model(family, root / f"{family}-graphs", vocab=VOCAB, seed=1)
+        graphs.enable_compiled(backend="aot_eager")
+        out[family] = (eager, graphs)
+    return out
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_early():
+    saved = compiled_module.COMPILE_AFTER
+    compiled_module.COMPILE_AFTER = 1  # compile every steady row count at once: more graphs, more padding
+    yield
+    compiled_module.COMPILE_AFTER = saved
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    family=st.sampled_from(FAMILIES),
+    schedule=st.sampled_from(("ar", "linear", "quadratic", "packed")),
+    width=st.integers(1, 5),
+    prompt=st.lists(st.integers(0, VOCAB - 3), min_size=1, max_size=8),
+    length=st.integers(1, 18),
+)
+def test_compiled_graphs_reproduce_eager_ar(pairs, family, schedule, width, prompt, length):
+    eager, graphs = pairs[family]
+    reference = generate(eager, "ar", prompt, length)
+    assert generate(graphs, schedule, prompt, length, width=width).output_ids == reference.output_ids
+
+
+def test_graphs_are_used_and_bounded(pairs):
+    for family in FAMILIES:
+        eager, graphs = pairs[family]
+        before = graphs.compiled.graph_calls
+        result = generate(graphs, "packed", [1, 2, 3], 16, width=3)
+        assert result.output_ids == generate(eager, "ar", [1, 2, 3], 16).output_ids
+        assert graphs.compiled.graph_calls > before  # steady-state calls ran as graphs
+        assert len(graphs.compiled.graphs) <= compiled_module.MAX_GRAPHS
+
+
+def test_caches_have_a_fixed_zeroed_capacity_and_reuse_free_buffers(pairs):
+    _, graphs = pairs[NEMOTRON]
+    cache = graphs.new_cache(10)
+    assert cache.capacity == CAPACITY_STEP and not cache.keys.any()
+    cache.keys.fill_(1.0)
+    held = graphs.new_cache(10)  # the first cache is still alive: fresh buffers
+    assert held.keys.data_ptr() != cache.keys.data_ptr()
+    pointer = held.keys.data_ptr()
+    del held
+    again = graphs.new_cache(CAPACITY_STEP - 1)
+    assert again.keys.data_ptr() == pointer and not again.keys.any()
+
+
+def test_fewer_rows_are_padded_to_a_compiled_graph(pairs):
+    eager, graphs = pairs[SETDLM]
+    compiled = graphs.compiled
+    cache, reference = graphs.new_cache(40), eager.new_cache(40)
+    ids = torch.arange(100) % (VOCAB - 2)
+    for model, c in ((graphs, cache), (eager, reference)):
+        model.forward(c, ids[:6], torch.arange(6), torch.ones(6, 6, dtype=torch.bool).tril())
+        c.commit(list(range(6)))
+    rows = max(r for r, _ in compiled.graphs)  # a compiled row count
+    small = (rows + 1) // 2 + 1
+    attention = torch.ones(small, small, dtype=torch.bool).tril()
+    before = compiled.graph_calls
+    got = graphs.forward(cache, ids[6 : 6 + small], torch.arange(6, 6 + small), attention)
+    expected = eager.forward(reference, ids[6 : 6 + small], torch.arange(6, 6 + small), attention)
+    assert compiled.graph_calls == before + 1
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+
+
+def test_compile_without_a_cpu_compiler_is_a_clear_error(pairs, monkeypatch):
+    _, graphs = pairs[NEMOTRON]
+    monkeypatch.setattr(compiled_module.shutil, "which", lambda name: None)
+    fresh = type(graphs.compiled)
+    with pytest.raises(ConfigError, match="C\\+\\+ compiler"):
+        fresh(graphs.fast)
+
+
+# --- the real compiler (inductor) ------------------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("family", FAMILIES)
+def test_inductor_graphs_reproduce_ar_in_float64(tmp_path, family):
+    eager = tiny_model(family, tmp_path / "eager", vocab=VOCAB, seed=2)
+    graphs = tiny_model(family, tmp_path / "graphs", vocab=VOCAB, seed=2)
+    compose({"model": graphs, "schedule": "ar", "compile": True})
+    prompts = [[1, 2, 3, 4], [7]]
+    for schedule in ("ar", "packed", "linear"):  # quadratic adds a graph; aot_eager covers its shapes above
+        for prompt in prompts:
+            expected = generate(eager, "ar", prompt, 14).output_ids
+            assert generate(graphs, schedule, prompt, 14, width=3).output_ids == expected, (schedule, prompt)
+    assert graphs.compiled.graph_calls > 0 and graphs.compiled.compile_seconds > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "warp"), [(NEMOTRON, "t1"), (SETDLM, "topk")])
+def test_inductor_graphs_sample_the_ar_distribution(tmp_path, family, warp):
+    from specframe.acceptance.rejection import RejectionSampling
+    from test_distribution import PASS, WARPS, chisquare_pvalue, exact_distribution, sample_counts
+    from test_distribution import VOCAB as DIST_VOCAB
+
+    scale = 0.3 if family == NEMOTRON else 0.05
+    model = tiny_model(family, tmp_path / "m", vocab=DIST_VOCAB, seed=4 if family == NEMOTRON else 5, logit_scale=scale)
+    spec = WARPS[warp]
+    exact = exact_distribution(model, RejectionSampling(spec["temperature"], spec.get("top_k"), spec.get("top_p")).warp)
+    model.enable_compiled()
+    counts = sample_counts(model, "packed", spec)
+    assert model.compiled.graph_calls > 0
+    assert chisquare_pvalue(counts, exact) > PASS
