@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -12,8 +14,10 @@ from decoding_helpers import NEMOTRON, tiny_model
 from specframe import compose
 from specframe.acceptance.base import AcceptanceRule
 from specframe.cli import build_parser, decoder_config, main, unescape
-from specframe.errors import ConfigError, InputError, OutputError, PluginError
+from specframe.errors import CheckpointError, ConfigError, InputError, OutputError, PluginError, UnsafeWeightsError
 from specframe.hookspecs import hookimpl
+from specframe.models import load_model
+from specframe.models.testing import write_random_checkpoint
 from specframe.plugins import plugin_registered
 
 VOCAB = 12
@@ -246,3 +250,43 @@ def test_plugin_registered_is_scoped(model):
         assert isinstance(compose({"model": model, "acceptance": "ok"}).rule, _Rule)
     with pytest.raises(Exception, match="unknown acceptance rule 'ok'"):
         compose({"model": model, "acceptance": "ok"})
+
+
+# -- 9, 11 and load_model(123): checkpoints ------------------------------------------------------------------------
+@pytest.mark.parametrize("factor", [-4.0, 0, 0.5, "4", True])
+def test_a_bad_yarn_factor_is_refused(tmp_path, factor):
+    folder = write_random_checkpoint(
+        NEMOTRON, tmp_path / "m", seed=1, tokenizer=False, rope_parameters={"factor": factor}
+    )
+    with pytest.raises(CheckpointError, match=r"rope factor=.*expected a number >= 1"):
+        load_model(folder)
+
+
+class _Payload:
+    """Unpickling this calls a function: what a malicious weight file does."""
+
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+@pytest.mark.parametrize("zipped", [True, False])
+def test_a_pickle_with_objects_is_refused_as_unsafe(tmp_path, capsys, zipped):
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False, weights_format="bin")
+    path = folder / "pytorch_model.bin"
+    if zipped:
+        torch.save({"model.norm.weight": _Payload()}, path)
+    else:
+        path.write_bytes(pickle.dumps({"model.norm.weight": _Payload()}))
+    with warnings.catch_warnings(), pytest.raises(UnsafeWeightsError) as info:
+        warnings.simplefilter("ignore")  # torch warns about the pickle protocol of the plain pickle
+        load_model(folder)
+    message = str(info.value)
+    assert "holds Python objects that are not tensors" in message and "for safety" in message
+    assert "truncated" not in message
+    assert "this must never run" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("source", [123, 1.5, ["nemotron-stdlib-tiny"], b"folder"])
+def test_load_model_needs_a_name_or_path(source):
+    with pytest.raises(ConfigError, match="the model source must be a Hub repo id, a folder path"):
+        load_model(source)

@@ -20,6 +20,7 @@ from specframe.errors import (
     PluginError,
     SpecframeError,
     UnknownPluginError,
+    UnsafeWeightsError,
 )
 from specframe.hookspecs import hookimpl
 from specframe.metrics import Metrics
@@ -49,6 +50,7 @@ __all__ = [
     "SpecframeError",
     "StreamPiece",
     "UnknownPluginError",
+    "UnsafeWeightsError",
     "__version__",
     "compose",
     "hookimpl",

@@ -35,6 +35,10 @@ class CheckpointError(SpecframeError):
     """A checkpoint folder, its config or its weights are missing, corrupted or do not match the model."""
 
 
+class UnsafeWeightsError(CheckpointError):
+    """A weight file holds pickled Python objects other than tensors, so it was not loaded (for safety)."""
+
+
 class PlanError(SpecframeError):
     """A mask builder cannot express a call plan (for example a non left-to-right order on Nemotron)."""
 

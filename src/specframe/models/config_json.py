@@ -183,7 +183,19 @@ def read_rope(fields: Fields, max_positions: int) -> RopeSpec:
         fields.invalid.append(f"rope type {kind!r} (supported: 'default', 'yarn')")
         return RopeSpec(theta=float(theta))
     original = params.get("original_max_position_embeddings") or max_positions
-    factor = params.get("factor") or (max_positions / original if original else 1.0)
+    if isinstance(original, bool) or not isinstance(original, int) or original < 1:
+        fields.invalid.append(f"rope original_max_position_embeddings={original!r} (expected an integer >= 1)")
+        original = max(int(max_positions), 1)
+    factor = params.get("factor")
+    if factor is None:
+        factor = max_positions / original
+    elif isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
+        fields.invalid.append(f"rope factor={factor!r} (YaRN stretches the context: expected a number >= 1)")
+        factor = 1.0
+    for beta in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
+        value = params.get(beta)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            fields.invalid.append(f"rope {beta}={value!r} (expected a non-negative number)")
     return RopeSpec(
         theta=float(theta),
         kind="yarn",

@@ -155,6 +155,11 @@ def load_model(
         ConfigError: If the device or dtype is unavailable, or the family has no adapter.
         UnknownPluginError: If ``family`` names no registered family.
     """
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        raise ConfigError(
+            f"the model source must be a Hub repo id, a folder path or a bundled model's name (a str or path), "
+            f"got {type(source).__name__} {source!r:.60}; pass None for the bundled default model"
+        )
     resolved_device = resolve_device(device)  # fail before any download
     folder = resolve_source(source, revision=revision, adapter=adapter is True)
     config = read_config(folder)

@@ -17,6 +17,7 @@ is never held twice in memory.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from collections.abc import Iterable
 from contextlib import ExitStack
@@ -27,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from specframe.errors import CheckpointError
+from specframe.errors import CheckpointError, UnsafeWeightsError
 
 _CORRUPT_HINT = (
     "it is probably truncated or corrupted: delete it (for a Hub download, the cached snapshot in the "
@@ -180,6 +181,15 @@ def _torch_load(path: Path) -> dict[str, torch.Tensor]:
         except Exception as exc:  # torch raises several types for unreadable pickles and zips
             errors.append(exc)
     else:
+        unsafe = next((e for e in errors if isinstance(e, pickle.UnpicklingError) and "Weights only" in str(e)), None)
+        if unsafe is not None:
+            found = re.search(r"WeightsUnpickler error:\s*(.+?)(?:\n\n|$)", str(unsafe), re.S)
+            detail = f" ({' '.join(found.group(1).split())[:200]})" if found else ""
+            raise UnsafeWeightsError(
+                f"{path} holds Python objects that are not tensors{detail}, and specframe did not load it, for "
+                "safety: unpickling them could run arbitrary code. Use the model's .safetensors weights instead "
+                "(or, if you trust its source, re-save the tensors alone with safetensors)"
+            )
         raise CheckpointError(f"{path} is not a readable PyTorch weight file ({errors[-1]}); {_CORRUPT_HINT}")
     if not isinstance(state, dict) or not all(
         isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items()
