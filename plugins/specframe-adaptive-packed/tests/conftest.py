@@ -9,11 +9,15 @@ import torch
 from specframe.plugins import plugin_registered
 
 
+# --8<-- [start:registered]
 @pytest.fixture(autouse=True)
 def adaptive_packed_registered():
-    """Register the plugin module unless its entry point already did (SPECFRAME_LOAD_PLUGINS may exclude it)."""
+    """The plugin module, registered for each test unless its entry point already did (see SPECFRAME_LOAD_PLUGINS)."""
     with plugin_registered(specframe_adaptive_packed, "adaptive_packed"):
         yield
+
+
+# --8<-- [end:registered]
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -128,10 +128,9 @@ def test_sampling_follows_the_ar_distribution(tmp_path):
         eos_token_id=4,
         pad_token_id=4,
         bos_token_id=1,
+        logit_scale=0.3,  # flatter outputs: many continuations, many accepted drafts
     )
     model = load_model(tmp_path, dtype="float64")
-    with torch.no_grad():
-        model.network.body.norm.weight.mul_(0.3)  # flatter outputs: many continuations, many accepted drafts
     exact = ar_distribution(model, SamplingWarp(temperature=1.0))
     schedule = {"name": "adaptive-packed", "min_width": 1, "patience": 1, "cooldown": 1}
     decoder = compose(
