@@ -49,8 +49,12 @@ def eos_ids(model: ModelBackend, ids: tuple[int, ...]):
         model.eos_token_ids = saved
 
 
-def generate(model, schedule, prompt, length, *, width=4, order="ltr", acceptance="greedy", stop=(), seed=0):
-    """One generation with a freshly composed decoder."""
+#: A fixed cost model for width / schedule "auto" in tests: choices must never depend on this machine's timing.
+SYNTHETIC_COST = {"tau": 0.007, "delta": 0.0002, "host_s": 0.001}
+
+
+def generate(model, schedule, prompt, length, *, width=4, order="ltr", acceptance="greedy", stop=(), seed=0, cost=None):
+    """One generation with a freshly composed decoder (width / schedule "auto" use SYNTHETIC_COST by default)."""
     decoder = compose(
         {
             "model": model,
@@ -61,6 +65,7 @@ def generate(model, schedule, prompt, length, *, width=4, order="ltr", acceptanc
             "max_new_tokens": length,
             "stop": [list(s) for s in stop],
             "seed": seed,
+            "cost": SYNTHETIC_COST if cost is None else cost,
         }
     )
     return decoder.generate(prompt_ids=prompt)

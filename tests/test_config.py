@@ -20,7 +20,12 @@ def models(tmp_path_factory):
     [
         ({"widht": 8}, "unknown config key(s) 'widht'; valid keys: model, schedule"),
         ({"width": 0}, "width must be >= 1, got 0"),
-        ({"width": "8"}, "width must be an integer, got '8'"),
+        ({"width": "8"}, "width must be an integer or \"auto\", got '8'"),
+        ({"width": "wide"}, "width must be an integer or \"auto\", got 'wide'"),
+        ({"cost": 0.007}, "cost must be None (measure this machine), a CostModel or a mapping"),
+        ({"cost": {"tau": 0.007}}, "cost model needs 'delta'"),
+        ({"cost": {"tau": -1, "delta": 0.1}}, "cost model tau must be a number >= 0"),
+        ({"cost": {"tau": 0.1, "delta": 0.1, "rho": 1}}, "cost model: unknown key(s) rho"),
         ({"width": True}, "width must be an integer"),
         ({"max_new_tokens": -1}, "max_new_tokens must be >= 1"),
         ({"seed": -2}, "seed must lie in [0, 2**64 - 1]"),

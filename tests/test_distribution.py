@@ -13,6 +13,7 @@ variant checks them on further streams). The correct cases pass at 1e-5 with fix
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -151,6 +152,32 @@ def test_the_exact_distribution_matches_the_models_own_calls(models):
     first = warp.probs(model.verifier_logits(PROMPT)[None])[0]
     for (token,), p in exact.items():
         assert p == pytest.approx(float(first[token]), abs=1e-12)
+
+
+@pytest.mark.parametrize(("family", "schedule"), [(NEMOTRON, "auto"), (SETDLM, "packed"), (SETDLM, "auto")])
+def test_choices_per_call_sample_the_ar_distribution(models, family, schedule):
+    """Width / schedule "auto" switch between AR calls and drafting candidates with the acceptance seen so far
+    (so the plan of a call depends on earlier random outcomes), and the output still follows AR sampling."""
+    decoder = compose(
+        {
+            "model": models[family],
+            "schedule": schedule,
+            "acceptance": WARPS["t1"],
+            "width": "auto",
+            "max_new_tokens": LENGTH,
+            "cost": {"tau": 0.002, "delta": 0.0004},  # rows dear enough that AR calls win most of the time
+        }
+    )
+    chosen: Counter = Counter()
+
+    def generate(seed: int) -> list[int]:
+        result = decoder.generate(prompt_ids=PROMPT, seed=seed)
+        chosen.update(result.metrics.schedule_histogram())
+        return result.output_ids
+
+    counts = sample_counts(generate, SAMPLES)
+    assert chosen["ar"] > 0 and len(chosen) >= 2, chosen
+    assert gof_pvalue(counts, exact_distribution(models[family], PROMPT, LENGTH, _warp("t1"))) > PASS
 
 
 # -- real (tiny, random) networks ---------------------------------------------------------------------------------

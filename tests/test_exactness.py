@@ -11,14 +11,30 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, conditional_logits, eos_ids, generate, tiny_model
+from decoding_helpers import (
+    FAMILIES,
+    NEMOTRON,
+    SETDLM,
+    SYNTHETIC_COST,
+    conditional_logits,
+    eos_ids,
+    generate,
+    tiny_model,
+)
 from specframe import compose
 from specframe.errors import ConfigError
 from specframe.schedules.base import Schedule
 
 VOCAB = 24
 EOS = VOCAB - 2
-SPECULATIVE = ("linear", "quadratic", "packed", "kbranch", {"name": "kbranch", "k": 3})
+SPECULATIVE = ("linear", "quadratic", "packed", "kbranch", {"name": "kbranch", "k": 3}, "auto")
+# Cost models that push width / schedule "auto" to different corners: rows cheap (wide drafts), rows dear
+# (narrow drafts and plain AR calls), and one in between.
+COSTS = (
+    {"tau": 0.01, "delta": 0.0},
+    {"tau": 0.0005, "delta": 0.002},
+    {"tau": 0.007, "delta": 0.0002, "host_s": 0.001},
+)
 
 
 def slow_ok(examples: int) -> settings:
@@ -42,13 +58,16 @@ prompts = st.lists(st.integers(0, EOS - 1), min_size=1, max_size=8)
 @given(
     family=st.sampled_from(FAMILIES),
     schedule=st.sampled_from(SPECULATIVE),
-    width=st.integers(1, 6),
+    width=st.one_of(st.integers(1, 6), st.just("auto")),
     prompt=prompts,
     length=st.integers(1, 18),
     use_eos=st.booleans(),
     use_stop=st.booleans(),
+    cost=st.sampled_from(COSTS),
 )
-def test_greedy_speculative_schedules_reproduce_ar(models, family, schedule, width, prompt, length, use_eos, use_stop):
+def test_greedy_speculative_schedules_reproduce_ar(
+    models, family, schedule, width, prompt, length, use_eos, use_stop, cost
+):
     model = models[family]
     with eos_ids(model, (EOS,) if use_eos else ()):
         reference = generate(model, "ar", prompt, length)
@@ -56,7 +75,7 @@ def test_greedy_speculative_schedules_reproduce_ar(models, family, schedule, wid
         if use_stop and len(reference.output_ids) >= 4:
             stop = (tuple(reference.output_ids[2:4]),)  # a two-token marker that does occur
             reference = generate(model, "ar", prompt, length, stop=stop)
-        result = generate(model, schedule, prompt, length, width=width, stop=stop)
+        result = generate(model, schedule, prompt, length, width=width, stop=stop, cost=cost)
     assert result.output_ids == reference.output_ids
     assert result.stop_reason == reference.stop_reason
     assert result.metrics.generated_tokens == len(result.output_ids)
@@ -97,17 +116,18 @@ class Recorder(Schedule):
 
         state.accept = recording_accept
         try:
-            self.inner.update(state, plan, result)
+            drafts_accepted = self.inner.update(state, plan, result)
         finally:
             del state.accept
         self.calls.append((context, accepted))
+        return drafts_accepted
 
 
 @slow_ok(60)
 @given(
     schedule=st.sampled_from(("ar", *SPECULATIVE)),
     order=st.sampled_from(("confidence", "ltr")),
-    width=st.integers(1, 6),
+    width=st.one_of(st.integers(1, 6), st.just("auto")),
     prompt=prompts,
     length=st.integers(1, 16),
     use_eos=st.booleans(),
@@ -118,7 +138,14 @@ def test_any_order_verification_matches_the_serial_reference(models, schedule, o
     model = models[SETDLM]
     with eos_ids(model, (EOS,) if use_eos else ()):
         decoder = compose(
-            {"model": model, "schedule": schedule, "order": order, "width": width, "max_new_tokens": length}
+            {
+                "model": model,
+                "schedule": schedule,
+                "order": order,
+                "width": width,
+                "max_new_tokens": length,
+                "cost": SYNTHETIC_COST,
+            }
         )
         recorder = Recorder(decoder.schedule)
         decoder.schedule = recorder

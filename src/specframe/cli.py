@@ -26,6 +26,7 @@ from specframe.errors import ConfigError, InputError, SpecframeError
 EXTERNAL_COMMANDS = {
     "bench": "specframe.bench.cli",
     "train": "specframe.training.cli",
+    "calibrate": "specframe.choice.cli",
 }
 
 
@@ -52,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The argument parser; external subcommands are imported only when named on the command line."""
     parser = argparse.ArgumentParser(prog="specframe", description="Lossless self-speculative decoding.")
-    sub = parser.add_subparsers(dest="command", metavar="{plugins,generate,bench,train}")
+    sub = parser.add_subparsers(dest="command", metavar="{plugins,generate,bench,train,calibrate}")
     plugins = sub.add_parser("plugins", help="list registered plugins as JSON")
     plugins.add_argument(
         "--failures", action="store_true", help="also print plugins that failed to load (as JSON on stderr)"
@@ -99,7 +100,12 @@ def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = Tru
         help="greedy or rejection (default: greedy, or rejection when a sampling option is given); options: "
         "NAME:key=value,... e.g. rejection:temperature=0.7,top_k=20",
     )
-    parser.add_argument("--width", type=int, default=8, help="speculative width W (default 8)")
+    parser.add_argument(
+        "--width",
+        type=width_value,
+        default="auto",
+        help="speculative width W, or auto: chosen per call from this machine's measured cost (default auto)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=256, help="output length limit (default 256)")
     parser.add_argument("--temperature", type=float, help="sampling temperature (rejection sampling)")
     parser.add_argument("--top-k", type=int, help="top-k truncation (rejection sampling)")
@@ -123,6 +129,16 @@ def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = Tru
         help="stop string (repeatable; backslash escapes such as \\n are interpreted); ends the output once "
         "all its tokens are accepted",
     )
+
+
+def width_value(text: str) -> int | str:
+    """``--width``: a positive integer or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
 
 
 def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> dict[str, Any]:

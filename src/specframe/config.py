@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specframe.acceptance.base import AcceptanceRule
+from specframe.choice import setup as choice_setup
+from specframe.choice.setup import check_cost
 from specframe.decoder import Decoder, seed_problem
 from specframe.errors import ConfigError, PluginError, SpecframeError
 from specframe.masks.base import MaskBuilder
@@ -58,7 +60,9 @@ class DecoderConfig:
         order: Verification order name or mapping (``ltr``, ``confidence``).
         acceptance: Acceptance rule name or mapping (``greedy``; ``rejection`` with ``temperature``,
             ``top_k``, ``top_p``).
-        width: Speculative width W >= 1 (Nemotron's block size is W + 1).
+        width: Speculative width W >= 1 (Nemotron's block size is W + 1), or ``"auto"``: ``packed``,
+            ``linear``, ``quadratic``, ``kbranch`` and ``auto`` then choose the width of every call from the
+            machine's cost model (``packed`` also falls back to plain AR calls); other schedules use 8.
         max_new_tokens: Output length limit L >= 1.
         seed: Seed of the sampling generator; ``None`` draws a fresh seed per request.
         device: Device to load the model on (``"cpu"``, ``"cuda"``, ``"cuda:1"``...); default CPU.
@@ -71,13 +75,16 @@ class DecoderConfig:
             size and the machine's free cores; see :mod:`specframe.models.threads`).
         compile: Run steady-state model calls as compiled graphs with static shapes (``torch.compile``;
             CUDA graphs on CUDA); see :mod:`specframe.models.compiled`.
+        cost: The cost model a width or schedule ``"auto"`` chooses by: ``None`` (this machine's, calibrated
+            once and cached on disk), a :class:`~specframe.costs.CostModel`, or a mapping such as
+            ``{"tau": 0.007, "delta": 0.0002}`` (seconds per call and per row).
     """
 
     model: str | ModelBackend | None = None
     schedule: str | Mapping[str, Any] = "packed"
     order: str | Mapping[str, Any] = "ltr"
     acceptance: str | Mapping[str, Any] = "greedy"
-    width: int = 8
+    width: int | str = "auto"
     max_new_tokens: int = 256
     seed: int | None = 0
     device: str | None = None
@@ -87,6 +94,7 @@ class DecoderConfig:
     stop: Sequence[str | Sequence[int]] = field(default_factory=tuple)
     threads: int | None = None
     compile: bool = False
+    cost: Any = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> DecoderConfig:
@@ -109,7 +117,9 @@ class DecoderConfig:
         Raises:
             ConfigError: Naming the first bad field, what is wrong and what to do.
         """
-        _check_int("width", self.width, minimum=1)
+        if self.width != "auto":
+            _check_int("width", self.width, minimum=1, hint='or "auto"')
+        check_cost(self.cost)
         _check_int("max_new_tokens", self.max_new_tokens, minimum=1)
         if self.seed is not None and seed_problem(self.seed):
             raise ConfigError(f"seed {seed_problem(self.seed)}")
@@ -246,7 +256,8 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     cfg.validate()
     registry = get_registry()
     model = _load(cfg)
-    check_width(cfg.width, model)
+    if cfg.width != "auto":
+        check_width(cfg.width, model)
     apply_threads(model, cfg.threads)
     if cfg.compile:
         enable_compiled(model)
@@ -259,13 +270,14 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     schedule_name, schedule_options = plugin_spec("schedule", cfg.schedule)
     schedule = build_plugin(registry.get("schedule", schedule_name, family=model.family), "schedule", schedule_options)
     schedule.name = schedule.name or schedule_name
+    schedule, width = choice_setup.resolve(cfg.width, cfg.cost, schedule, schedule_name, model, builder, order, rule)
     return Decoder(
         model,
         builder,
         schedule,
         order,
         rule,
-        width=cfg.width,
+        width=width,
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
         stop_sequences=_stop_sequences(cfg, model),
@@ -336,8 +348,8 @@ def _stop_sequences(cfg: DecoderConfig, model: ModelBackend) -> list[list[int]]:
     return sequences
 
 
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
+def _check_int(name: str, value: Any, *, minimum: int, hint: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name} must be an integer, got {value!r}")
+        raise ConfigError(f"{name} must be an integer{' ' + hint if hint else ''}, got {value!r}")
     if value < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")

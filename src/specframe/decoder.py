@@ -262,6 +262,7 @@ class Decoder:
             metrics.model_s += time.perf_counter() - forward_started
             metrics.nfe += 1
             metrics.rows_per_call.append(call.num_rows)
+            metrics.choices.append((schedule.label(), plan.width))
             result = builder.read(call, logits)
             drafts_accepted = schedule.update(state, plan, result)
             state.calls += 1

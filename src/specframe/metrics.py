@@ -44,6 +44,8 @@ class Metrics:
         model_s: Seconds spent in model forwards.
         prompt_calls: Indices into ``rows_per_call`` of each generation's prompt call (``[0]`` for one
             generation; one per generation after :meth:`merge`).
+        choices: Per call, what planned it and at which width: ``(label, width)``, e.g. ``("packed/w4", 4)``
+            or ``("ar", 0)`` under ``width: "auto"``; the schedule's name and the decoder's W otherwise.
     """
 
     nfe: int = 0
@@ -53,6 +55,7 @@ class Metrics:
     wall_s: float = 0.0
     model_s: float = 0.0
     prompt_calls: list[int] = field(default_factory=lambda: [0])
+    choices: list[tuple[str, int]] = field(default_factory=list)
 
     @classmethod
     def merge(cls, parts: Iterable[Metrics]) -> Metrics:
@@ -70,6 +73,7 @@ class Metrics:
             pooled.verifications.extend(part.verifications)
             pooled.wall_s += part.wall_s
             pooled.model_s += part.model_s
+            pooled.choices.extend(part.choices)
         return pooled
 
     @property
@@ -134,6 +138,14 @@ class Metrics:
             rates.append(accepted / reached if reached else 0.0)
         return rates
 
+    def width_histogram(self) -> dict[int, int]:
+        """How many calls were planned at each width (0: a plain AR call)."""
+        return dict(sorted(Counter(width for _, width in self.choices).items()))
+
+    def schedule_histogram(self) -> dict[str, int]:
+        """How many calls each schedule (with its width, under ``width: "auto"``) planned."""
+        return dict(Counter(label for label, _ in self.choices).most_common())
+
     def acceptance_histogram(self) -> dict[int, int]:
         """How many verifications added each number of tokens."""
         return dict(sorted(Counter(self.accept_lengths).items()))
@@ -150,6 +162,8 @@ class Metrics:
             "wall_s": self.wall_s,
             "model_s": self.model_s,
             "non_model_s": self.non_model_s,
+            "widths": {str(k): v for k, v in self.width_histogram().items()},
+            "schedules": self.schedule_histogram(),
             "acceptance": {
                 "num_drafts": self.num_drafts,
                 "draft_tokens": self.draft_tokens,

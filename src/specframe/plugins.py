@@ -49,6 +49,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = (
     "specframe.schedules.quadratic",
     "specframe.schedules.packed",
     "specframe.schedules.kbranch",
+    "specframe.schedules.auto",
     "specframe.schedules.native_nemotron",
     "specframe.schedules.native_setdlm",
 )

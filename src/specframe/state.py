@@ -92,6 +92,9 @@ class DecodeState:
         self._cached_prefix = 0  # entries of _generation known to be cached, from the front
         self._frontier = self.start
         self.stale_cached: set[int] = set()
+        # The width of the call being planned: the context's W, unless a schedule that chooses the width
+        # per call (width "auto") sets it before planning.
+        self.width = self.ctx.width
 
     # -- reading -----------------------------------------------------------------------------------------
     def token_at(self, position: int) -> int:
@@ -137,10 +140,10 @@ class DecodeState:
         (clipped at ``end``); resolved positions inside it are skipped (Algorithm 3, line 4).
 
         Args:
-            width: Window length; the context's width by default.
+            width: Window length; the current call's width (:attr:`width`) by default.
             after: Positions to treat as resolved too (to compute the window after a hypothetical accept).
         """
-        width = self.ctx.width if width is None else width
+        width = self.width if width is None else width
         assumed = set(after)
         left = self._frontier
         while left in self.tokens or left in assumed:

@@ -78,7 +78,8 @@ def test_settings_from_the_command_line():
     assert parsed("--task", "humaneval", "--paper-repeats").repeats == 1  # greedy: one response is enough
     greedy = parsed("--task", "gsm8k", "--temperature", "0", "--shard", "1/4", "--max-new-tokens", "64")
     assert greedy.acceptance == "greedy" and greedy.shard == (1, 4) and greedy.max_new_tokens == 64
-    assert parsed("--task", "math500").max_new_tokens == 1024 and parsed().widths == [8]
+    assert parsed("--task", "math500").max_new_tokens == 1024 and parsed().widths == ["auto"]
+    assert parsed("--widths", "auto,4").widths == ["auto", 4]
 
 
 def test_equivalent_command_reproduces_the_settings():

@@ -48,7 +48,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--widths",
-        help="comma-separated speculative widths for the speculative schedules (default: --width); ar runs once",
+        help="comma-separated speculative widths for the speculative schedules, 'auto' for a width chosen per call "
+        "(default: --width, i.e. auto); ar runs once",
     )
     parser.add_argument("--repeats", type=int, help="responses per prompt and schedule, distinct seeds (default 1)")
     parser.add_argument(
@@ -94,7 +95,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     repeats = args.repeats if args.repeats is not None else 1
     if args.paper_repeats:
         repeats = task.paper_repeats if temperature_positive else 1
-    widths = _int_list(args.widths, "--widths") if args.widths else [args.width]
+    widths = _width_list(args.widths) if args.widths else [args.width]
     settings = BenchSettings(
         task=task.name,
         task_file=str(Path(args.task_file).expanduser().resolve()) if args.task_file else None,
@@ -153,11 +154,11 @@ def _name_list(text: str) -> list[str]:
     return names
 
 
-def _int_list(text: str, option: str) -> list[int]:
+def _width_list(text: str) -> list[int | str]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return [part.strip() if part.strip() == "auto" else int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ConfigError(f"{option} must be comma-separated integers like 4,8, got {text!r}") from None
+        raise ConfigError(f"--widths must be comma-separated integers or 'auto', like auto,4,8, got {text!r}") from None
 
 
 def _command_line() -> str | None:

@@ -79,7 +79,7 @@ def merge_runs(
     settings.shard = None
     limits = [BenchSettings.from_dict(r["settings"]).limit for r in runs]
     settings.limit = None if any(lim is None for lim in limits) else max(limits)
-    records = sorted(merged.values(), key=lambda r: (r["prompt_index"], r["repeat"], r["schedule"], r["width"] or 0))
+    records = sorted(merged.values(), key=lambda r: (r["prompt_index"], r["repeat"], r["schedule"], str(r["width"])))
     out.mkdir(parents=True, exist_ok=True)
     write_records(out / RECORDS_FILE, records)
     run = {

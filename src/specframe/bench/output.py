@@ -93,6 +93,7 @@ def write_report(
         **summary,
         "settings": settings.to_dict(),
         "environment": run.get("environment"),
+        "cost_model": run.get("cost_model"),
         "command": run.get("command"),
     }
     write_json(folder / SUMMARY_FILE, summary)

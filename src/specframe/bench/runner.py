@@ -72,7 +72,7 @@ def compose_decoders(model: ModelBackend, settings: BenchSettings) -> dict[Metho
                 "schedule": schedule,
                 "order": parse_spec(settings.order, option="--order"),
                 "acceptance": settings.acceptance,
-                "width": method.width or min(settings.widths),
+                "width": method.width if method.width is not None else "auto",  # ar: no width
                 "max_new_tokens": settings.max_new_tokens,
                 "seed": settings.seed,
                 "adapter": settings.adapter,
@@ -195,6 +195,9 @@ def run_bench(
             "environment": machine_description(),
             "command": command,
         }
+        costs = {m.label: d.schedule.cost.to_dict() for m, d in decoders.items() if getattr(d.schedule, "cost", None)}
+        if costs:  # the cost model widths and schedules "auto" choose by (one per model: the same for each)
+            run["cost_model"] = next(iter(costs.values()))
         write_json(folder / RUN_FILE, run)
         _warm_up(decoders, chosen, settings)
         with RecordWriter(folder / RECORDS_FILE) as writer:

@@ -27,15 +27,15 @@ class Method:
     Attributes:
         schedule: Schedule spec in canonical form: its name, or ``NAME:key=value,...`` with the schedule's
             options (sorted by key), e.g. ``adaptive-packed:cooldown=4,patience=2``.
-        width: Speculative width, ``None`` for schedules without one (``ar``).
+        width: Speculative width, ``"auto"`` (chosen per call), ``None`` for schedules without one (``ar``).
     """
 
     schedule: str
-    width: int | None = None
+    width: int | str | None = None
 
     @property
     def label(self) -> str:
-        """``packed/w8``, ``adaptive-packed:patience=2/w8``, or ``ar``."""
+        """``packed/w8``, ``packed/wauto``, ``adaptive-packed:patience=2/w8``, or ``ar``."""
         return self.schedule if self.width is None else f"{self.schedule}/w{self.width}"
 
     @property
@@ -60,7 +60,8 @@ class Method:
         if not slash:
             return cls(canonical_schedule(text))
         try:
-            return cls(canonical_schedule(schedule), int(width.removeprefix("w")))
+            width = width.removeprefix("w")
+            return cls(canonical_schedule(schedule), "auto" if width == "auto" else int(width))
         except ValueError:
             raise ConfigError(f"bad method {text!r}: write a schedule name or schedule/width like linear/w8") from None
 
@@ -146,8 +147,10 @@ class BenchSettings:
             raise ConfigError("--schedules is empty; name at least one schedule, e.g. ar,linear,quadratic,packed")
         if len(set(self.schedules)) != len(self.schedules):
             raise ConfigError(f"--schedules repeats a schedule: {','.join(self.schedules)}")
-        if any(w < 1 for w in self.widths) or not self.widths:
-            raise ConfigError(f"--widths must be positive integers, got {self.widths}")
+        if not self.widths or not all(w == "auto" or (type(w) is int and w >= 1) for w in self.widths):
+            raise ConfigError(f"--widths must be positive integers or 'auto', got {self.widths}")
+        if len(set(self.widths)) != len(self.widths):
+            raise ConfigError(f"--widths repeats a width: {','.join(map(str, self.widths))}")
         from specframe.decoder import seed_problem
 
         if seed_problem(self.seed):

@@ -16,7 +16,7 @@ difference of means, tokens/NFE ratio, time/NFE ratio, NFE ratio and accuracy di
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -128,6 +128,7 @@ def summarize(
     table = {f"{m.label}:{q}": np.zeros(len(prompts)) for m in methods for q in QUANTITIES}
     positions: dict[Method, list[np.ndarray]] = defaultdict(list)
     rows_max: dict[Method, int] = defaultdict(int)
+    chosen: dict[Method, dict[str, Counter]] = defaultdict(lambda: {"widths": Counter(), "schedules": Counter()})
     wanted = set(methods)
     for record in records:
         method, row = record_method(record), position.get(int(record["prompt_index"]))
@@ -138,6 +139,8 @@ def summarize(
         counts = record.get("acceptance_positions") or {}
         positions[method].append(np.array([counts.get("reached", []), counts.get("accepted", [])], dtype=float))
         rows_max[method] = max(rows_max[method], int(record["metrics"].get("rows_per_call_max", 0)))
+        for name, histogram in chosen[method].items():
+            histogram.update(record["metrics"].get(name) or {})
     summary: dict[str, Any] = {
         "prompts": len(prompts),
         "incomplete_prompts": len(all_prompts) - len(prompts),
@@ -154,6 +157,8 @@ def summarize(
     for method in methods:
         sums = {q: totals[f"{method.label}:{q}"] for q in QUANTITIES}
         stats = _method_stats(method, sums, _position_rates(positions[method]), rows_max[method])
+        stats["widths"] = dict(sorted(chosen[method]["widths"].items(), key=lambda item: int(item[0])))
+        stats["schedules"] = dict(chosen[method]["schedules"].most_common())
         stats["throughput_ci"] = _ci(boot.estimate(lambda s, m=method: s[f"{m.label}:tokens"] / s[f"{m.label}:wall"]))
         summary["methods"].append(stats)
     for method in methods:

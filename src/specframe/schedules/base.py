@@ -39,6 +39,10 @@ class Schedule(ABC):
         """JSON-friendly description."""
         return {"name": self.name}
 
+    def label(self) -> str:
+        """What planned the last call, for the metrics' histogram (a schedule that delegates names its pick)."""
+        return self.name
+
 
 @dataclass(frozen=True)
 class VerificationWindow:
@@ -172,7 +176,7 @@ def draft_plan(state: DecodeState, targets: tuple[int, ...]) -> CallPlan:
         chain=(),
         num_verify=0,
         drafts=(DraftGroup(context=0, targets=targets),),
-        width=state.ctx.width,
+        width=state.width,
     )
 
 
@@ -191,5 +195,5 @@ def window_plan(
         chain=tuple(d.token for d in window.chain),
         num_verify=window.num_verify,
         drafts=tuple(drafts),
-        width=state.ctx.width if width is None else width,
+        width=state.width if width is None else width,
     )

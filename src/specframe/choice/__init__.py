@@ -1,0 +1,1 @@
+"""Choosing the schedule and width of each call: acceptance statistics and expected throughput."""

@@ -1,0 +1,48 @@
+"""``specframe calibrate``: measure (or show the cached) cost of a model call on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(sub: Any) -> None:
+    """Add ``specframe calibrate``."""
+    parser = sub.add_parser(
+        "calibrate",
+        help="measure what a model call costs here (cached; widths and schedules 'auto' choose by it)",
+        description="Time forwards of a few row counts, fit seconds = tau + delta x rows, and cache the result "
+        "per model, device, dtype, threads and compilation. Without --refresh a cached cost model is shown.",
+    )
+    parser.add_argument("--model", help="Hub repo id, checkpoint folder or bundled model name (default: bundled)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
+    parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
+    parser.add_argument("--revision", help="Hub revision of --model")
+    parser.add_argument("--refresh", action="store_true", help="calibrate again even if a cached cost model exists")
+    parser.add_argument("--json", action="store_true", help="print the cost model as JSON")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the model, get its cost model (calibrating if needed or asked) and print it."""
+    from specframe.choice.setup import decoder_overhead
+    from specframe.config import compose
+    from specframe.costs import cache_path, cost_model_for
+
+    # An AR decoder composes the model's pieces without needing a cost model itself.
+    decoder = compose(
+        {"model": args.model, "device": args.device, "dtype": args.dtype, "revision": args.revision, "schedule": "ar"}
+    )
+    model = decoder.model
+    cost = cost_model_for(
+        model,
+        refresh=args.refresh,
+        host_s=lambda: decoder_overhead(model, decoder.builder, decoder.order, decoder.rule),
+    )
+    if args.json:
+        print(json.dumps({**cost.to_dict(), "cache_file": str(cache_path(cost.key))}))
+    else:
+        print(cost.describe())
+        print(f"cache file: {cache_path(cost.key)}")
+    return 0

@@ -1,0 +1,97 @@
+"""How ``compose`` turns ``width: "auto"`` and ``schedule: "auto"`` into an :class:`AutoSchedule` with a cost model."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from specframe.acceptance.base import AcceptanceRule
+from specframe.costs import CostModel, cost_model_for
+from specframe.errors import ConfigError
+from specframe.masks.base import MaskBuilder
+from specframe.models.base import ModelBackend
+from specframe.orders.base import OrderPolicy
+from specframe.schedules.auto import AUTO_MAX_WIDTH, AutoSchedule
+from specframe.schedules.base import Schedule
+from specframe.schedules.kbranch import KBranchSchedule
+from specframe.schedules.linear import LinearSchedule
+from specframe.schedules.packed import PackedSchedule
+from specframe.schedules.quadratic import QuadraticSchedule
+
+#: ``width: "auto"`` for a schedule that does not choose its width means this fixed width.
+DEFAULT_WIDTH = 8
+
+# Built-in schedules whose width "auto" chooses, and the candidates it chooses among (W = 0: AR calls).
+_AUTO_WIDTH_KINDS: Mapping[type, tuple[str, ...]] = {
+    PackedSchedule: ("ar", "packed"),
+    LinearSchedule: ("linear",),
+    QuadraticSchedule: ("quadratic",),
+    KBranchSchedule: ("kbranch",),
+}
+
+
+def check_cost(value: Any) -> None:
+    """Refuse a ``cost`` config value that is not ``None``, a :class:`CostModel` or a mapping.
+
+    Raises:
+        ConfigError: Naming what was given and what to give.
+    """
+    if value is None or isinstance(value, CostModel):
+        return
+    if isinstance(value, Mapping):
+        CostModel.from_mapping(value)
+        return
+    raise ConfigError(
+        f"cost must be None (measure this machine), a CostModel or a mapping like {{'tau': 0.007, 'delta': 0.0002}}, "
+        f"got {value!r}"
+    )
+
+
+def resolve(
+    width: int | str,
+    cost: CostModel | Mapping[str, Any] | None,
+    schedule: Schedule,
+    schedule_name: str,
+    model: ModelBackend,
+    builder: MaskBuilder,
+    order: OrderPolicy,
+    rule: AcceptanceRule,
+) -> tuple[Schedule, int]:
+    """The schedule to decode with and the decoder's width W (the largest a chosen width can be).
+
+    A built-in ``packed``, ``linear``, ``quadratic`` or ``kbranch`` with ``width: "auto"`` becomes an
+    :class:`AutoSchedule` over its own widths (``packed`` also over plain AR calls); ``schedule: "auto"``
+    chooses among its candidates at the given width, or at every width under ``"auto"``. Other schedules
+    take ``"auto"`` as :data:`DEFAULT_WIDTH`. An auto schedule is bound to ``cost`` (a mapping or
+    :class:`CostModel`), or to this machine's cached cost model, calibrated first if there is none.
+    """
+    if width == "auto" and type(schedule) in _AUTO_WIDTH_KINDS:
+        schedule = AutoSchedule(getattr(schedule, "k", 2), kinds=_AUTO_WIDTH_KINDS[type(schedule)], name=schedule_name)
+    if not isinstance(schedule, AutoSchedule):
+        return schedule, DEFAULT_WIDTH if width == "auto" else int(width)
+    if width != "auto":
+        schedule.widths = (int(width),)
+    decoder_width = min(AUTO_MAX_WIDTH, model.max_positions + 1) if width == "auto" else int(width)
+    if isinstance(cost, Mapping):
+        cost = CostModel.from_mapping(cost)
+    if cost is None:
+        cost = cost_model_for(model, host_s=lambda: decoder_overhead(model, builder, order, rule))
+    schedule.bind(cost, lambda plan: builder.build(plan).num_rows)
+    return schedule, decoder_width
+
+
+def decoder_overhead(model: ModelBackend, builder: MaskBuilder, order: OrderPolicy, rule: AcceptanceRule) -> float:
+    """Seconds per call the decoder spends outside the model, from a short Packed-SS run (W = 4)."""
+    from specframe.decoder import Decoder
+
+    decoder = Decoder(model, builder, PackedSchedule(), order, rule, width=4, max_new_tokens=24, seed=0)
+    special = {model.mask_token_id, *model.eos_token_ids}
+    ordinary = [t for t in range(min(model.vocab_size, 64)) if t not in special]
+    prompt = [ordinary[(7 * i) % len(ordinary)] for i in range(8)]
+    saved = model.eos_token_ids
+    model.eos_token_ids = ()  # run the full 24 tokens
+    try:
+        metrics = decoder.generate(prompt_ids=prompt).metrics
+    finally:
+        model.eos_token_ids = saved
+    return metrics.non_model_s / max(metrics.nfe, 1)

@@ -1,0 +1,305 @@
+"""What a model call costs on this machine: a short calibration, fitted and cached on disk.
+
+A call that evaluates R new rows costs about ``tau + delta * R`` seconds of model time (tau: the fixed cost
+of a forward, reading the weights and launching kernels; delta: the cost per row once compute-bound), plus
+the decoder's own work per call (planning, layout, acceptance: ``host_s``). :func:`calibrate` times forwards
+of a few row counts against a cached prefix, in interleaved rounds (each round visits the row counts in a
+shuffled order, so a burst of load from other processes hits all of them alike), keeps the median of each,
+and fits tau and delta by least squares on those medians. The medians themselves form a table that
+:meth:`CostModel.seconds` interpolates; beyond the table it extrapolates with delta.
+
+Cost models are cached per model identity, device, dtype, thread count, compilation and torch version,
+under ``$SPECFRAME_CACHE_DIR`` (default: ``$XDG_CACHE_HOME/specframe`` or ``~/.cache/specframe``), so the
+next process reuses them instead of calibrating again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specframe.errors import ConfigError
+from specframe.models.base import ModelBackend
+
+#: Row counts a calibration times (clipped to what the model's context allows).
+ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+#: Cached prefix the calibration's rows attend to.
+CONTEXT = 64
+#: Bump when the calibration procedure changes, so that old cache files are not reused.
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Seconds per call as a function of the rows it evaluates.
+
+    Attributes:
+        tau: Fitted fixed model seconds per call.
+        delta: Fitted model seconds per row.
+        table: ``(rows, median seconds)`` measured by the calibration, by increasing rows (may be empty: then
+            ``tau + delta * rows`` is used everywhere).
+        host_s: Decoder seconds per call outside the model (planning, layout, acceptance).
+        key: What the model was calibrated for (model identity, device, dtype, threads, ...).
+        calibration_s: How long the calibration took (0 for a synthetic or reused model).
+        source: ``"calibrated"``, ``"cache"`` or ``"given"``.
+    """
+
+    tau: float
+    delta: float
+    table: tuple[tuple[int, float], ...] = ()
+    host_s: float = 0.0
+    key: Mapping[str, Any] = field(default_factory=dict)
+    calibration_s: float = 0.0
+    source: str = "given"
+
+    def seconds(self, rows: int) -> float:
+        """Predicted seconds of one call of ``rows`` new rows, the decoder's own work included."""
+        return self.model_seconds(rows) + self.host_s
+
+    def model_seconds(self, rows: int) -> float:
+        """Predicted model seconds of a forward of ``rows`` new rows."""
+        table = self.table
+        if not table:
+            return self.tau + self.delta * rows
+        if rows <= table[0][0]:
+            return table[0][1]
+        for (r0, s0), (r1, s1) in zip(table, table[1:], strict=False):
+            if rows <= r1:
+                return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
+        last_rows, last_s = table[-1]
+        return last_s + self.delta * (rows - last_rows)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (as cached on disk and recorded by the bench)."""
+        data = asdict(self)
+        data["table"] = [list(entry) for entry in self.table]
+        data["key"] = dict(self.key)
+        return data
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> CostModel:
+        """A cost model from :meth:`to_dict` output or a plain ``{"tau": ..., "delta": ...}`` mapping.
+
+        Raises:
+            ConfigError: If ``tau`` or ``delta`` is missing or not a non-negative number, or a key is unknown.
+        """
+        known = {"tau", "delta", "table", "host_s", "key", "calibration_s", "source"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            valid = ", ".join(sorted(known))
+            raise ConfigError(f"cost model: unknown key(s) {', '.join(unknown)}; valid keys: {valid}")
+        values = dict(data)
+        for name in ("tau", "delta", "host_s"):
+            value = values.get(name, 0.0)
+            if name != "host_s" and name not in values:
+                raise ConfigError(f"cost model needs {name!r} (seconds), e.g. {{'tau': 0.007, 'delta': 0.0002}}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"cost model {name} must be a number >= 0 (seconds), got {value!r}")
+        if values["tau"] + values["delta"] <= 0:
+            raise ConfigError("cost model: tau + delta must be positive (a call cannot be free)")
+        table = tuple((int(r), float(s)) for r, s in values.get("table", ()))
+        values["table"] = table
+        values.setdefault("source", "given")
+        return cls(**values)
+
+    def describe(self) -> str:
+        """A few lines for people: the fit, the table, and what it was measured for."""
+        lines = [
+            f"cost per call = {1e3 * self.tau:.3f} ms + {1e3 * self.delta:.4f} ms x rows (model)"
+            f" + {1e3 * self.host_s:.3f} ms (decoder)",
+            f"source: {self.source}" + (f", calibrated in {self.calibration_s:.2f} s" if self.calibration_s else ""),
+        ]
+        if self.table:
+            lines.append("rows  median model ms  fit ms")
+            lines += [f"{r:4d}  {1e3 * s:15.3f}  {1e3 * (self.tau + self.delta * r):6.3f}" for r, s in self.table]
+        for name, value in self.key.items():
+            lines.append(f"{name}: {value}")
+        return "\n".join(lines)
+
+
+def fit(table: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares ``tau, delta`` (both clipped at 0) of ``seconds = tau + delta * rows``."""
+    if len(table) == 1:
+        return table[0][1], 0.0
+    xs = [float(r) for r, _ in table]
+    ys = [s for _, s in table]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    delta = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var, 0.0) if var else 0.0
+    return max(my - delta * mx, 0.0), delta
+
+
+def model_key(model: ModelBackend) -> dict[str, Any]:
+    """What a cost model depends on: the model's identity, device, dtype, threads, compilation, torch."""
+    described = model.describe()
+    network = getattr(model, "network", None)
+    parameters = list(network.parameters()) if isinstance(network, torch.nn.Module) else []
+    count = sum(p.numel() for p in parameters)
+    sample = float(parameters[0].detach().flatten()[:64].double().sum()) if parameters else 0.0
+    return {
+        "model": described.get("name", model.name),
+        "family": model.family,
+        "parameters": count,
+        "weights_sample": round(sample, 9),
+        "device": str(model.device),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "compiled": bool(getattr(model, "compiled", False)),
+        "torch": torch.__version__,
+        "version": VERSION,
+    }
+
+
+def cache_dir() -> Path:
+    """Where cost models are cached (``$SPECFRAME_CACHE_DIR``, else the user cache directory)."""
+    explicit = os.environ.get("SPECFRAME_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "specframe"
+
+
+def cache_path(key: Mapping[str, Any]) -> Path:
+    """The cache file of a cost-model key."""
+    digest = hashlib.sha256(json.dumps(dict(key), sort_keys=True).encode()).hexdigest()[:20]
+    return cache_dir() / "costs" / f"{digest}.json"
+
+
+def load_cached(key: Mapping[str, Any]) -> CostModel | None:
+    """The cached cost model for ``key``, or ``None`` (also for an unreadable or mismatching file)."""
+    path = cache_path(key)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        model = CostModel.from_mapping(data)
+    except (OSError, ValueError, ConfigError, TypeError):
+        return None
+    if dict(model.key) != dict(key):
+        return None
+    return CostModel(model.tau, model.delta, model.table, model.host_s, model.key, 0.0, "cache")
+
+
+def save(cost: CostModel) -> Path | None:
+    """Write ``cost`` to its cache file; returns the path, or ``None`` if the cache is not writable."""
+    path = cache_path(cost.key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cost.to_dict(), indent=2), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:
+        return None
+    return path
+
+
+def calibrate(
+    model: ModelBackend,
+    *,
+    budget_s: float = 1.5,
+    limit_s: float = 2.2,
+    rows: Sequence[int] = ROW_COUNTS,
+    host_s: Callable[[], float] | None = None,
+    min_rounds: int = 3,
+    max_rounds: int = 25,
+) -> CostModel:
+    """Time forwards of ``rows`` new rows against a cached prefix and fit the cost model.
+
+    Args:
+        model: The model to time.
+        budget_s: Seconds to aim for, warm-up included: rounds continue until then or ``max_rounds``.
+        limit_s: Seconds after which no new round starts even below ``min_rounds`` (one round always runs).
+        rows: Row counts to time.
+        host_s: Measures the decoder's seconds per call outside the model (called once, timed separately).
+        min_rounds: Rounds to run even past the budget.
+        max_rounds: Rounds to stop at within the budget.
+    """
+    started = time.perf_counter()
+    context = min(CONTEXT, max(model.max_positions // 4, 1))
+    counts = sorted({r for r in rows if context + r <= model.max_positions + 1})
+    if not counts:
+        raise ConfigError(f"model {model.name!r} has too small a context ({model.max_positions + 1}) to calibrate")
+    generator = torch.Generator().manual_seed(0)
+    ordinary = [t for t in range(model.vocab_size) if t != model.mask_token_id] or [0]
+
+    def tokens(n: int) -> torch.Tensor:
+        picks = torch.randint(len(ordinary), (n,), generator=generator)
+        return torch.tensor([ordinary[i] for i in picks.tolist()], dtype=torch.long, device=model.device)
+
+    cache = model.new_cache(context + max(counts) + 1)
+    causal = torch.ones(context, context, dtype=torch.bool, device=model.device).tril()
+    positions = torch.arange(context, device=model.device)
+    with torch.inference_mode():
+        model.forward(cache, tokens(context), positions, causal, positions[-1:])
+        cache.commit(list(range(context)), list(range(context)))
+        inputs = {
+            r: (
+                tokens(r),
+                torch.arange(context, context + r, device=model.device),
+                torch.ones(r, r, dtype=torch.bool, device=model.device).tril(),
+                torch.arange(r, device=model.device),
+            )
+            for r in counts
+        }
+
+        def timed(r: int) -> float:
+            ids, pos, attention, output = inputs[r]
+            _sync(model)
+            start = time.perf_counter()
+            model.forward(cache, ids, pos, attention, output)
+            _sync(model)
+            return time.perf_counter() - start
+
+        for r in counts:  # warm-up: first calls allocate and pick kernels
+            timed(r)
+        samples: dict[int, list[float]] = {r: [] for r in counts}
+        order = list(counts)
+        shuffle = random.Random(0)
+        for round_index in range(max_rounds):
+            elapsed = time.perf_counter() - started
+            if round_index and (elapsed > limit_s or (round_index >= min_rounds and elapsed > budget_s)):
+                break
+            shuffle.shuffle(order)
+            for r in order:
+                samples[r].append(timed(r))
+    medians = [(r, statistics.median(samples[r])) for r in counts]
+    table = tuple(_monotone(medians))
+    tau, delta = fit(table)
+    host = host_s() if host_s is not None else 0.0
+    return CostModel(tau, delta, table, host, model_key(model), time.perf_counter() - started, "calibrated")
+
+
+def cost_model_for(
+    model: ModelBackend, *, refresh: bool = False, host_s: Callable[[], float] | None = None
+) -> CostModel:
+    """The cached cost model of ``model``, calibrating (and caching) it first if there is none."""
+    key = model_key(model)
+    if not refresh:
+        cached = load_cached(key)
+        if cached is not None:
+            return cached
+    cost = calibrate(model, host_s=host_s)
+    save(cost)
+    return cost
+
+
+def _monotone(table: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """Medians made non-decreasing in rows (more rows never cost less; dips are timing noise)."""
+    out, highest = [], 0.0
+    for rows, seconds in table:
+        highest = max(highest, seconds)
+        out.append((rows, highest))
+    return out
+
+
+def _sync(model: ModelBackend) -> None:
+    if model.device.type == "cuda":
+        torch.cuda.synchronize(model.device)

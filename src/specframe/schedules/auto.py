@@ -1,0 +1,304 @@
+"""Width and schedule chosen per call by a cost model (``width: "auto"``, ``schedule: "auto"``).
+
+Before each call, :class:`AutoSchedule` estimates every candidate's tokens per second: acceptance rates by
+draft offset from this request's recent verifications (:mod:`specframe.choice.stats`), tokens per call from
+them (:mod:`specframe.choice.rates`), and seconds per call from the machine's measured cost of a call of R
+rows (:mod:`specframe.costs`), with R what the model family's layout needs for that candidate. It then plans
+the call with the best candidate's schedule at that width. A width of 0 is a plain AR call that checks what
+is stored and drafts nothing, so drafting stops where it does not pay.
+
+Only plans change: verification, acceptance and the cache are the library's, and each candidate is a
+lossless schedule, so the output is the AR model's (token for token under greedy decoding, in distribution
+under rejection sampling).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+import torch
+
+from specframe.acceptance.base import DraftRef, Proposals
+from specframe.choice.rates import Candidate, best
+from specframe.choice.stats import AcceptanceStats
+from specframe.costs import CostModel
+from specframe.hookspecs import hookimpl
+from specframe.plan import CallPlan, CallResult
+from specframe.schedules.base import Schedule, store_drafts, verification_window, verify_planned_chain, window_plan
+from specframe.schedules.kbranch import KBranchSchedule
+from specframe.schedules.linear import LinearSchedule
+from specframe.schedules.packed import PackedSchedule
+from specframe.schedules.quadratic import QuadraticSchedule
+from specframe.state import DecodeState
+
+#: Largest width ``width: "auto"`` considers.
+AUTO_MAX_WIDTH = 16
+#: Calls between two re-estimations of the candidates' throughput (of the widths next to the current pick).
+REFRESH_CALLS = 8
+#: Calls between two re-estimations of every candidate.
+FULL_SCAN_CALLS = 32
+#: How far from the current pick's width a re-estimation between full scans looks.
+NEIGHBOURHOOD = 2
+#: Plain AR calls in a row after which a drafting call probes whether drafting pays again (AR calls
+#: check no drafts, so without probes the acceptance estimate would never change again).
+PROBE_AFTER = 16
+#: Calls a probe lasts: the drafting call and the call that verifies its draft.
+PROBE_CALLS = 2
+#: What ``schedule: "auto"`` chooses among.
+AUTO_KINDS = ("ar", "packed", "kbranch", "quadratic")
+
+
+def auto_widths(maximum: int) -> tuple[int, ...]:
+    """Widths ``width: "auto"`` considers up to ``maximum``: every width to 8, then 10, 12, 16."""
+    return tuple(w for w in (*range(1, 9), 10, 12, 16) if w <= maximum) or (maximum,)
+
+
+class DraftlessCall(Schedule):
+    """A plain AR call that also checks a stored draft's first token, and drafts nothing (width 0)."""
+
+    name = "ar"
+
+    def plan(self, state: DecodeState) -> CallPlan:
+        """Verify the one-position window (with the stored draft there, if any); no draft groups."""
+        return window_plan(state, verification_window(state), (), width=0)
+
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+        """Accept what the verifier decides and drop the rest of the stored draft."""
+        verdict = verify_planned_chain(state, plan, result)
+        store_drafts(state, (), None)
+        return verdict.accepted
+
+
+class AutoSchedule(Schedule):
+    """Plans each call with the candidate (schedule, width) of the highest expected tokens per second.
+
+    Args:
+        k: Draft groups of the ``kbranch`` candidates.
+        kinds: Candidate schedules (``ar``, ``packed``, ``kbranch``, ``quadratic``, ``linear``).
+        widths: Candidate widths (``None``: :func:`auto_widths` of the decoder's width).
+        name: The name metrics and reports show (``auto``, or the schedule whose width is chosen).
+
+    Raises:
+        ValueError: For an unknown kind, an empty candidate set or a bad ``k``.
+    """
+
+    name = "auto"
+
+    def __init__(
+        self,
+        k: int = 2,
+        *,
+        kinds: Sequence[str] = AUTO_KINDS,
+        widths: Sequence[int] | None = None,
+        name: str = "auto",
+    ) -> None:
+        self._schedules: dict[str, Schedule] = {
+            "ar": DraftlessCall(),
+            "packed": PackedSchedule(),
+            "kbranch": KBranchSchedule(k),
+            "quadratic": QuadraticSchedule(),
+            "linear": LinearSchedule(),
+        }
+        unknown = sorted(set(kinds) - set(self._schedules))
+        if unknown or not kinds:
+            raise ValueError(f"unknown candidate schedule(s) {unknown}; choose among {sorted(self._schedules)}")
+        self.k = k
+        self.kinds = tuple(kinds)
+        self.widths = tuple(widths) if widths is not None else None
+        self.name = name
+        self.cost: CostModel | None = None
+        self._rows_of_plan: Callable[[CallPlan], int] | None = None
+        self._rows: dict[tuple[str, int, int], int] = {}
+        self._stats: AcceptanceStats | None = None
+        self._chosen: Candidate | None = None
+        self._current: Candidate | None = None
+        self._since_refresh = REFRESH_CALLS
+        self._since_scan = FULL_SCAN_CALLS
+        self._offsets: dict[int, tuple[str, int]] = {}
+        self._ar_streak = 0
+        self._probe: Candidate | None = None
+        self._probe_left = 0
+        self.rates: dict[str, float] = {}
+        self.choices: Counter[str] = Counter()
+
+    def bind(self, cost: CostModel, rows: Callable[[CallPlan], int]) -> None:
+        """Give the schedule the machine's cost model and the family's row count of a plan (compose does)."""
+        self.cost = cost
+        self._rows_of_plan = rows
+        self._rows.clear()
+
+    def describe(self) -> dict[str, object]:
+        """Name, candidates and the pooled acceptance by offset."""
+        out: dict[str, object] = {"name": self.name, "width": "auto" if self.widths is None else list(self.widths)}
+        if self.name == "auto" or "kbranch" in self.kinds:
+            out["candidates"] = list(self.kinds)
+            out["k"] = self.k
+        if self._stats is not None:
+            out.update(self._stats.describe())
+        return out
+
+    def label(self) -> str:
+        """The candidate that planned the last call (``packed/w4``, ``ar``, ...)."""
+        return self._current.label if self._current else self.name
+
+    # -- planning ----------------------------------------------------------------------------------------
+    def plan(self, state: DecodeState) -> CallPlan:
+        """Choose the candidate for this call, then plan it with that schedule at that width."""
+        if self.cost is None or self._rows_of_plan is None:
+            raise RuntimeError("AutoSchedule needs bind(cost, rows) before use; compose() does this")
+        if state.first_call:
+            self._start_request(state)
+        keep = self._current is not None and self._current.kind == "linear" and state.drafts
+        if not keep:  # Linear-SS's verification call keeps the width its drafting call had
+            self._current = self._choose(state)
+        state.width = max(self._current.width, 1)
+        return self._schedules[self._current.kind].plan(state)
+
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+        """Let the planning schedule apply the result; learn from the verification and the new draft."""
+        chain = [self._offsets.get(p) for p in plan.chain_positions]
+        accepted = self._schedules[self._current.kind].update(state, plan, result)
+        known = []
+        for entry in chain:
+            if entry is None:
+                break
+            known.append(entry)
+        if plan.num_verify:
+            self._stats.observe(known, min(accepted, len(known)))
+        self._offsets = _draft_offsets(state, plan)
+        self._since_refresh += 1
+        self._since_scan += 1
+        self.choices[self._current.label] += 1
+        return accepted
+
+    # -- choosing ----------------------------------------------------------------------------------------
+    def _start_request(self, state: DecodeState) -> None:
+        maximum = state.ctx.width
+        if self._stats is None:
+            self._stats = AcceptanceStats(maximum + 1)
+        self._stats.start_request()
+        self._offsets = {}
+        self._current = None
+        self._chosen = None
+        self._probe_left = 0
+        self._since_refresh = REFRESH_CALLS
+        self._since_scan = FULL_SCAN_CALLS
+        self._synthetic = replace(state.ctx, eos_token_ids=frozenset(), stop_sequences=())
+
+    def candidates(self, maximum: int) -> list[Candidate]:
+        """Every (schedule, width) this schedule considers for a decoder width of ``maximum``."""
+        widths = self.widths or auto_widths(maximum)
+        out = []
+        for kind in self.kinds:
+            if kind == "ar":
+                out.append(Candidate("ar", 0))
+            else:  # Packed-SS at W = 1 drafts only the position its own verifier fills: an AR call with extra rows
+                smallest = 2 if kind in ("packed", "kbranch") and len(widths) > 1 else 1
+                out.extend(Candidate(kind, w) for w in widths if smallest <= w <= maximum)
+        return out
+
+    def _choose(self, state: DecodeState) -> Candidate:
+        """The best candidate, except for a probe: two drafting calls after PROBE_AFTER plain AR calls."""
+        if self._probe_left:
+            self._probe_left -= 1
+            if not self._probe_left:
+                self._since_refresh = REFRESH_CALLS  # re-estimate with what the probe found
+            return self._probe
+        chosen = self._estimate(state)
+        if chosen.kind != "ar":
+            self._ar_streak = 0
+            return chosen
+        self._ar_streak += 1
+        drafting = [c for c in self.candidates(state.ctx.width) if c.kind != "ar"]
+        if self._ar_streak < PROBE_AFTER or not drafting:
+            return chosen
+        self._ar_streak = 0
+        self._probe = max(drafting, key=lambda c: self.rates.get(c.label, 0.0))
+        self._probe_left = PROBE_CALLS - 1
+        return self._probe
+
+    def _estimate(self, state: DecodeState) -> Candidate:
+        """The best candidate: re-estimated every REFRESH_CALLS calls, over all of them every FULL_SCAN_CALLS.
+
+        Between full scans only widths within NEIGHBOURHOOD of the current pick's (and plain AR calls) are
+        re-estimated: throughput changes smoothly with the width, and a scan of every width costs milliseconds.
+        """
+        if self._chosen is not None and self._since_refresh < REFRESH_CALLS:
+            return self._chosen
+        candidates = self.candidates(state.ctx.width)
+        if self._chosen is not None and self._since_scan < FULL_SCAN_CALLS:
+            near = self._chosen.width
+            candidates = [c for c in candidates if c.kind == "ar" or abs(c.width - near) <= NEIGHBOURHOOD]
+        else:
+            self._since_scan = 0
+        self._chosen, rates = best(
+            candidates,
+            self._stats.rates(),
+            self.cost.seconds,
+            self._row_count,
+            free_bonus=state.ctx.traits.free_bonus,
+            k=self.k,
+        )
+        self.rates.update(rates)
+        self._since_refresh = 0
+        return self._chosen
+
+    def _row_count(self, kind: str, width: int, kappa: int) -> int:
+        """Rows of a steady-state call of ``kind`` at ``width`` verifying ``kappa`` drafts (memoised)."""
+        key = (kind, width, kappa)
+        if key not in self._rows:
+            self._rows[key] = self._rows_of_plan(self._synthetic_plan(kind, width, kappa))
+        return self._rows[key]
+
+    def _synthetic_plan(self, kind: str, width: int, kappa: int) -> CallPlan:
+        """The plan ``kind`` makes mid-request: one pending token, ``kappa`` stored drafts after it."""
+        ctx = self._synthetic
+        state = DecodeState((0, 0), 4 * (ctx.width + 2), ctx)
+        state.mark_cached([0])
+        state.calls = 1
+        state.width = max(width, 1)
+        if kappa:
+            proposals = Proposals(torch.zeros(kappa, dtype=torch.long), torch.ones(kappa))
+            window = state.window()[:kappa]
+            state.set_drafts({p: DraftRef(proposals, i) for i, p in enumerate(window)}, {})
+        return self._schedules[kind].plan(state)
+
+
+def _draft_offsets(state: DecodeState, plan: CallPlan) -> dict[int, tuple[str, int]]:
+    """Source (``prefix`` or ``branch``) and offset of each stored draft token, from its draft group.
+
+    The offset counts from the last position the group's context showed; a group is a prefix group when it
+    drafts from the position right after that one, a branch when it skips an unknown verifier token.
+    """
+    groups = []
+    pending = [p for p, _ in plan.pending]
+    for group in plan.drafts:
+        if group.targets:
+            seen = pending + list(plan.chain_positions[: group.context])
+            groups.append((group.targets, max(seen) if seen else group.targets[0] - 1))
+    offsets = {}
+    for position, ref in state.drafts.items():
+        for targets, end in groups:
+            rows = len(ref.proposals.token_list)
+            if rows == len(targets) and ref.row < rows and targets[ref.row] == position:
+                source = "prefix" if targets[0] == end + 1 else "branch"
+                offsets[position] = (source, position - end)
+                break
+    return offsets
+
+
+def auto_schedule(k: int = 2) -> AutoSchedule:
+    """Factory of ``schedule: "auto"``: ar, packed, kbranch (``k`` groups) and quadratic, and their widths.
+
+    Raises:
+        ValueError: If ``k`` is not an integer >= 1.
+    """
+    return AutoSchedule(k)
+
+
+@hookimpl
+def register_schedules(register):
+    """Register ``auto``."""
+    register("auto", auto_schedule)

@@ -1,0 +1,233 @@
+"""Width / schedule "auto": the choice logic under fixed synthetic cost models, the statistics, the cost model.
+
+Nothing here depends on how fast this machine is: every choice is made against an injected cost model, and
+the calibration is only checked for its structure and its cache, never for its numbers.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, eos_ids, tiny_model
+from specframe import compose
+from specframe import costs as costs_module
+from specframe.choice.rates import Candidate, best, outcomes, throughput
+from specframe.choice.stats import AcceptanceStats, default_prior
+from specframe.cli import main
+from specframe.costs import CostModel, cost_model_for, fit, load_cached, model_key, save
+from specframe.errors import ConfigError
+from specframe.schedules.auto import AUTO_MAX_WIDTH, AutoSchedule
+
+VOCAB = 24
+PROMPTS = ([3, 5, 7], [9, 2], [1, 2, 11, 4, 6, 8])
+ROWS_CHEAP = {"tau": 0.01, "delta": 0.0}  # a call costs the same whatever its rows: draft wide
+ROWS_DEAR = {"tau": 0.0001, "delta": 0.01}  # every row costs 100 fixed costs: never draft
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("choice")
+    return {family: tiny_model(family, root / family, vocab=VOCAB, seed=1) for family in FAMILIES}
+
+
+def _run(model, schedule, cost, width="auto", length=40):
+    decoder = compose({"model": model, "schedule": schedule, "width": width, "max_new_tokens": length, "cost": cost})
+    histogram: dict[str, int] = {}
+    widths: dict[int, int] = {}
+    with eos_ids(model, ()):
+        for prompt in PROMPTS:
+            metrics = decoder.generate(prompt_ids=prompt).metrics
+            for label, n in metrics.schedule_histogram().items():
+                histogram[label] = histogram.get(label, 0) + n
+            for w, n in metrics.width_histogram().items():
+                widths[w] = widths.get(w, 0) + n
+    return decoder, histogram, widths
+
+
+# -- the rate model --------------------------------------------------------------------------------------
+
+
+def _distribution(pairs):
+    out: dict[int, float] = {}
+    for tokens, p in pairs:
+        out[tokens] = out.get(tokens, 0.0) + p
+    return out
+
+
+def test_outcomes_follow_the_chain_survival():
+    q = [0.0, 0.9, 0.5, 0.5, 0.2]
+    assert _distribution(outcomes((2, 3), q, num_verify=3)) == pytest.approx({1: 0.5, 2: 0.25, 3: 0.25})
+    # every rank held an accepted draft and there is no bonus rank: the call adds only the drafts
+    assert _distribution(outcomes((2, 3), q, num_verify=2)) == pytest.approx({1: 0.5, 2: 0.25 + 0.25})
+    assert outcomes((), q, num_verify=1) == [(1, 1.0)]
+
+
+def _q(value):
+    return {"prefix": [value] * 20, "branch": [value] * 20}
+
+
+def _rows(kind, width, kappa):  # Nemotron-like sizes
+    return {"ar": 1, "packed": 2 * (width + 1), "quadratic": (width + 1) * (width + 2)}.get(kind, 2 * (width + 1))
+
+
+def test_drafts_that_always_fail_make_ar_the_best_candidate():
+    candidates = [Candidate("ar", 0), *(Candidate("packed", w) for w in range(2, 9))]
+    chosen, rates = best(candidates, _q(0.0), CostModel(0.007, 0.0002).seconds, _rows, free_bonus=True)
+    assert chosen == Candidate("ar", 0)
+    assert rates["ar"] == pytest.approx(1 / (0.007 + 0.0002))
+
+
+def test_certain_drafts_and_free_rows_make_the_widest_candidate_best():
+    candidates = [Candidate("ar", 0), *(Candidate("packed", w) for w in (2, 4, 8, 16))]
+    chosen, rates = best(candidates, _q(1.0), CostModel(0.01, 0.0).seconds, _rows, free_bonus=True)
+    assert chosen == Candidate("packed", 16)
+    # packed at W with certain drafts alternates a full leftover (W - 1 drafts + 1) and an empty chain (1)
+    assert rates["packed/w16"] == pytest.approx((16 + 1) / 2 / 0.01)
+
+
+def test_the_row_cost_moves_the_best_width():
+    candidates = [Candidate("packed", w) for w in range(2, 17)]
+    widths = []
+    for delta in (0.0, 0.0005, 0.002):
+        chosen, _ = best(candidates, _q(0.8), CostModel(0.01, delta).seconds, _rows, free_bonus=True)
+        widths.append(chosen.width)
+    assert widths[0] > widths[1] > widths[2]
+
+
+def test_quadratic_and_linear_rates_count_their_calls():
+    cost = CostModel(0.01, 0.0).seconds
+    q = _q(0.5)
+    quadratic = throughput(Candidate("quadratic", 2), q, cost, _rows, free_bonus=True)
+    assert quadratic == pytest.approx((1 + 0.5 + 0.25) / 0.01)  # offsets 2, 3 fresh, plus a bonus
+    linear = throughput(Candidate("linear", 2), q, cost, _rows, free_bonus=False)
+    assert linear == pytest.approx((0.5 * 1 + 0.25 * 2 + 0.25 * 2) / 0.02)  # two calls, no bonus
+
+
+def test_kbranch_with_certain_drafts_keeps_drafting_full_windows():
+    cost = CostModel(0.01, 0.0).seconds
+    kbranch = throughput(Candidate("kbranch", 4), _q(1.0), cost, _rows, free_bonus=True)
+    assert kbranch == pytest.approx(5 / 0.01)  # every outcome is the longest: a fresh branch every call
+    packed = throughput(Candidate("packed", 4), _q(1.0), cost, _rows, free_bonus=True)
+    assert packed < kbranch
+
+
+# -- the statistics --------------------------------------------------------------------------------------
+
+
+def test_stats_count_checked_tokens_decay_and_pool_across_requests():
+    stats = AcceptanceStats(8, weight=1.0, decay=0.5)
+    prior = stats.rates()["prefix"][2]
+    stats.observe([("prefix", 2), ("prefix", 3), ("prefix", 4)], accepted=1)
+    q = stats.rates()["prefix"]
+    assert q[2] == pytest.approx((1 + prior) / 2)
+    assert q[3] < stats.prior[3]  # rejected
+    assert q[4] <= q[3]  # never checked (after a rejection), and never above a nearer offset
+    stats.observe([("prefix", 2)], accepted=0)
+    assert stats.rates()["prefix"][2] == pytest.approx((0.5 + prior) / (0.5 + 1 + 1))  # old counts halved
+    branch_before = stats.rates()["branch"][2]
+    assert branch_before == pytest.approx(stats.rates()["prefix"][2])  # no branch evidence: as good as prefix
+    stats.start_request()  # pooled counts (never decayed): offset 2 checked twice, accepted once
+    assert stats.prior[2] == pytest.approx((1 + default_prior(8)[2]) / (2 + 1))
+    assert stats.rates()["prefix"][2] == pytest.approx(stats.prior[2])  # recent counts cleared
+
+
+# -- the schedule ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_packed_auto_falls_back_to_ar_when_rows_are_dear_and_drafts_wide_when_free(models, family):
+    _, dear, _ = _run(models[family], "packed", ROWS_DEAR)
+    assert set(dear) <= {"ar", "packed/w2"} and dear["ar"] > 0.8 * sum(dear.values())  # probes aside
+    _, cheap, widths = _run(models[family], "packed", ROWS_CHEAP)
+    assert "ar" not in cheap
+    assert max(widths) >= 8 and sum(n for w, n in widths.items() if w >= 8) > 0.5 * sum(widths.values())
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_schedule_auto_uses_several_schedules_and_a_fixed_width_limits_it(models, family):
+    decoder, chosen, _ = _run(models[family], "auto", {"tau": 0.007, "delta": 0.0002, "host_s": 0.001})
+    assert isinstance(decoder.schedule, AutoSchedule) and decoder.width == AUTO_MAX_WIDTH
+    assert decoder.schedule.rates and max(decoder.schedule.rates.values()) > 0
+    assert all(label == "ar" or label.split("/")[0] in ("packed", "kbranch", "quadratic") for label in chosen)
+    _, fixed, widths = _run(models[family], "auto", ROWS_CHEAP, width=3)
+    assert set(widths) <= {0, 3} and all(label == "ar" or label.endswith("/w3") for label in fixed)
+
+
+def test_width_auto_describes_itself_and_other_schedules_keep_a_fixed_width(models):
+    decoder = compose({"model": models[SETDLM], "schedule": "linear", "cost": ROWS_CHEAP})
+    assert decoder.describe()["schedule"]["width"] == "auto"
+    native = compose({"model": models[NEMOTRON], "schedule": "native"})  # native chooses no width: W = 8
+    assert native.width == 8 and not isinstance(native.schedule, AutoSchedule)
+    assert compose({"model": models[NEMOTRON], "schedule": "packed", "width": 5}).width == 5
+
+
+def test_linear_auto_keeps_one_width_for_its_drafting_and_verification_calls(models):
+    decoder = compose({"model": models[NEMOTRON], "schedule": "linear", "max_new_tokens": 30, "cost": ROWS_CHEAP})
+    with eos_ids(models[NEMOTRON], ()):
+        metrics = decoder.generate(prompt_ids=[3, 5, 7]).metrics
+    widths = [w for _, w in metrics.choices[1:]]
+    pairs = list(zip(widths[0::2], widths[1::2], strict=False))
+    assert pairs and all(a == b for a, b in pairs)
+
+
+def test_metrics_report_the_histograms(models):
+    decoder = compose({"model": models[NEMOTRON], "max_new_tokens": 20, "cost": ROWS_CHEAP})
+    result = decoder.generate(prompt_ids=[3, 5, 7]).to_dict()["metrics"]
+    assert sum(result["widths"].values()) == sum(result["schedules"].values()) == result["nfe"]
+    assert all(label.startswith("packed/w") or label == "ar" for label in result["schedules"])
+
+
+# -- the cost model --------------------------------------------------------------------------------------
+
+
+def test_cost_model_interpolates_its_table_and_extrapolates_with_delta():
+    cost = CostModel(0.001, 0.0001, table=((1, 0.002), (8, 0.004)), host_s=0.0005)
+    assert cost.model_seconds(1) == pytest.approx(0.002)
+    assert cost.model_seconds(4) == pytest.approx(0.002 + 0.002 * 3 / 7)
+    assert cost.model_seconds(18) == pytest.approx(0.004 + 0.0001 * 10)
+    assert cost.seconds(1) == pytest.approx(0.0025)
+    assert fit([(1, 3.0), (3, 7.0)]) == pytest.approx((1.0, 2.0))
+    assert CostModel.from_mapping(cost.to_dict()) == cost
+    with pytest.raises(ConfigError, match="tau \\+ delta must be positive"):
+        CostModel.from_mapping({"tau": 0, "delta": 0})
+
+
+def test_calibration_measures_every_row_count_and_is_cached_per_model(models, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
+    model = models[SETDLM]
+    quick = costs_module.calibrate
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return quick(*args, budget_s=0.05, limit_s=0.2, min_rounds=1, max_rounds=2, rows=(1, 4, 16))
+
+    monkeypatch.setattr(costs_module, "calibrate", counted)
+    first = cost_model_for(model)
+    assert first.source == "calibrated" and [r for r, _ in first.table] == [1, 4, 16]
+    assert all(a[1] <= b[1] for a, b in zip(first.table, first.table[1:], strict=False))
+    assert first.tau >= 0 and first.delta >= 0 and first.key == model_key(model)
+    again = cost_model_for(model)
+    assert again.source == "cache" and again.table == first.table and len(calls) == 1
+    assert cost_model_for(model, refresh=True).source == "calibrated" and len(calls) == 2
+    other = dict(first.key, threads=first.key["threads"] + 1)
+    assert load_cached(other) is None  # another thread count is another machine
+    path = save(first)
+    path.write_text("{not json", encoding="utf-8")
+    assert load_cached(first.key) is None
+
+
+def test_calibrate_command_prints_the_model_and_reuses_its_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
+    folder = tmp_path / "model"
+    tiny_model(NEMOTRON, folder, vocab=VOCAB, seed=2, dtype="float32")
+    quick = costs_module.calibrate
+    monkeypatch.setattr(costs_module, "calibrate", lambda *a, **k: quick(*a, **{**k, "budget_s": 0.05, "limit_s": 0.2}))
+    assert main(["calibrate", "--model", str(folder), "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["source"] == "calibrated" and first["host_s"] > 0 and first["table"]
+    assert main(["calibrate", "--model", str(folder)]) == 0
+    text = capsys.readouterr().out
+    assert "source: cache" in text and "ms x rows" in text and first["cache_file"] in text
