@@ -68,14 +68,18 @@ def test_warp_temperature_top_k_and_top_p():
     assert torch.allclose(nucleus.sum(-1), torch.ones(1))
 
 
-def test_truncated_proposals_are_stored_sparsely_and_densify_exactly():
+def test_truncated_proposals_densify_exactly_from_dense_and_sparse_storage():
     rule = RejectionSampling(1.0, top_k=3)
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0))
     proposals = rule.propose(logits, torch.Generator().manual_seed(1))
-    assert proposals.ids is not None and proposals.probs.shape == (5, 3)
     dense = proposals.dense(torch.arange(5), 50)
     assert torch.allclose(dense, rule.warp.probs(logits))
     assert torch.equal(proposals.scores, dense.gather(1, proposals.tokens[:, None]).squeeze(1))
+    # A rule may store truncated distributions sparsely (values and ids); they densify to the same rows.
+    values, ids = torch.topk(dense, 3, dim=-1)
+    sparse = Proposals(tokens=proposals.tokens, scores=proposals.scores, probs=values, ids=ids)
+    rows = torch.tensor([4, 1])
+    assert torch.equal(sparse.dense(rows, 50), dense[rows])
 
 
 def _chisquare_pvalue(counts, probs):

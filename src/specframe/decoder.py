@@ -3,7 +3,7 @@
 One iteration, as data::
 
     plan   = schedule.plan(state)              # CallPlan: logical, family-free
-    call   = builder.build(plan)               # PhysicalCall: rows, positions, attention
+    call   = builder.physical(plan)            # PhysicalCall: rows, positions, attention (templated)
     logits = model.forward(cache, call...)     # one forward over cached prefix + new rows
     result = builder.read(call, logits)        # CallResult: verifier / drafter logits
     accepted = schedule.update(state, plan, result)  # acceptance, next draft; accepted drafts
@@ -26,6 +26,7 @@ from specframe.masks.base import MaskBuilder
 from specframe.metrics import Metrics
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
+from specframe.models.calls import caller_checked
 from specframe.orders.base import OrderPolicy
 from specframe.plan import PhysicalCall
 from specframe.schedules.base import Schedule
@@ -253,11 +254,12 @@ class Decoder:
             if metrics.nfe >= budget:
                 raise RuntimeError(f"schedule {schedule.name!r} made no progress after {metrics.nfe} calls")
             plan = schedule.plan(state)
-            call = builder.build(plan)
+            call = builder.physical(plan)
             forward_started = time.perf_counter()
-            logits = model.forward(
-                cache, call.input_ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
-            )
+            with caller_checked(call.checked):
+                logits = model.forward(
+                    cache, call.input_ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
+                )
             self._sync()
             metrics.model_s += time.perf_counter() - forward_started
             metrics.nfe += 1

@@ -93,6 +93,10 @@ class PhysicalCall:
         commit_rows: ``position -> (row, token)`` for rows whose keys and values represent ``token`` at
             ``position`` with a context that is valid if the position ends up accepted with that token.
         adapter_rows: ``[R]`` boolean, rows that receive a proposal-only adapter (LoRA), or ``None``.
+        row_slices: ``verify_rows`` and each of ``draft_rows`` as slices of the output rows, when they are
+            contiguous (reading logits through a slice is a view, not a gather), or ``None``.
+        checked: Token and position ids were validated on the host when the call was built, so the model
+            need not read them back from the device (see :func:`specframe.models.calls.caller_checked`).
     """
 
     plan: CallPlan
@@ -104,6 +108,8 @@ class PhysicalCall:
     draft_rows: tuple[torch.Tensor, ...]
     commit_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
     adapter_rows: torch.Tensor | None = None
+    row_slices: tuple[slice, tuple[slice, ...]] | None = None
+    checked: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -118,7 +124,11 @@ class CallResult:
     Attributes:
         verify_logits: ``[num_verify, V]`` verifier logits, one row per rank.
         draft_logits: per draft group, ``[len(targets), V]`` drafter logits, one row per target.
+        logits: Every returned row when ``verify_logits`` and the groups' ``draft_logits`` are consecutive
+            slices of it, in that order (so a rule can treat verifier and drafter rows in one pass), or
+            ``None``.
     """
 
     verify_logits: torch.Tensor
     draft_logits: tuple[torch.Tensor, ...]
+    logits: torch.Tensor | None = None

@@ -1,6 +1,6 @@
 """Greedy acceptance: a draft token is accepted when it equals the verifier's argmax.
 
-Ties are broken towards the lowest token id (``torch.argmax`` returns the first maximal index), in the
+Ties are broken towards the lowest token id (:func:`~specframe.acceptance.base.first_argmax`), in the
 drafter and the verifier alike, so every speculative schedule reproduces plain greedy AR decoding token for
 token.
 """
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, chain_tokens, first_false
+from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, first_argmax, top_probability
 from specframe.hookspecs import hookimpl
 
 
@@ -21,24 +21,45 @@ class GreedyAcceptance(AcceptanceRule):
     stochastic = False
 
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None) -> Proposals:
-        """Argmax of each row; the score is the token's softmax probability."""
-        probs = torch.softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1)
-        scores, tokens = probs.max(dim=-1)
-        # max() may pick any maximal index; argmax picks the lowest, which is the documented tie-break.
-        tokens = logits.argmax(dim=-1)
-        return Proposals(tokens=tokens, scores=scores)
+        """Argmax of each row; the score is the token's softmax probability (computed when asked for)."""
+        return Proposals(tokens=first_argmax(logits), scores=lambda: top_probability(logits))
 
     def verify(self, drafts: Sequence[DraftRef], logits: torch.Tensor, generator: torch.Generator | None) -> Verdict:
-        """Accept the longest prefix of drafts equal to the verifier's argmax, then add its next argmax."""
-        predicted = logits.argmax(dim=-1)
-        kappa = len(drafts)
-        if kappa:
-            accepted = first_false(chain_tokens(drafts, predicted.device) == predicted[:kappa])
-        else:
+        """Accept the longest prefix of drafts equal to the verifier's argmax, then add its next argmax.
+
+        The verdict is deferred: the argmax stays on the device until the schedule reads the outcome, and the
+        comparison with the chain (whose tokens the host already knows) is a few integer compares.
+        """
+        return self._verdict(drafts, first_argmax(logits), logits)
+
+    @staticmethod
+    def _verdict(drafts: Sequence[DraftRef], predicted: torch.Tensor, logits: torch.Tensor) -> Verdict:
+        chain = [d.token for d in drafts]
+
+        def resolve(values: list[list]) -> tuple[int, int | None]:
+            argmax = values[0]
             accepted = 0
-        token = int(predicted[accepted]) if accepted < predicted.shape[0] else None
-        scores = torch.softmax(logits.float() if logits.dtype != torch.float64 else logits, dim=-1).amax(-1)
-        return Verdict(accepted=accepted, token=token, scores=scores)
+            while accepted < len(chain) and chain[accepted] == argmax[accepted]:
+                accepted += 1
+            return accepted, argmax[accepted] if accepted < len(argmax) else None
+
+        return Verdict.deferred((predicted,), resolve, lambda: top_probability(logits))
+
+    def propose_and_verify(
+        self, drafts: Sequence[DraftRef], logits: torch.Tensor, num_verify: int, generator: torch.Generator | None
+    ) -> tuple[Proposals | None, Verdict]:
+        """One argmax over verifier and drafter rows, then propose and verify as the two methods do.
+
+        A subclass that overrides :meth:`propose` or :meth:`verify` gets its own methods called instead.
+        """
+        if type(self).propose is not GreedyAcceptance.propose or type(self).verify is not GreedyAcceptance.verify:
+            return super().propose_and_verify(drafts, logits, num_verify, generator)
+        predicted = first_argmax(logits)
+        proposals = None
+        if logits.shape[0] > num_verify:
+            drafter = logits[num_verify:]
+            proposals = Proposals(tokens=predicted[num_verify:], scores=lambda: top_probability(drafter))
+        return proposals, self._verdict(drafts, predicted[:num_verify], logits[:num_verify])
 
     def describe(self) -> dict[str, object]:
         """The rule's name."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, chain_tokens, first_false
+from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, chain_rows, leading_true
 from specframe.hookspecs import hookimpl
 
 
@@ -40,7 +40,9 @@ class SamplingWarp:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Dense warped distributions ``[k, V]`` (float32, or float64 for float64 logits)."""
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        scaled = logits.to(dtype) / self.temperature
+        scaled = logits.to(dtype)
+        if self.temperature != 1.0:
+            scaled = scaled / self.temperature
         if self.top_k is not None and self.top_k < scaled.shape[-1]:
             # Tokens tied with the k-th largest logit are all kept, so the truncation is a function of the
             # logits alone (no dependence on how a kernel breaks ties).
@@ -72,40 +74,70 @@ class RejectionSampling(AcceptanceRule):
         self.warp = SamplingWarp(temperature, top_k, top_p)
 
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None) -> Proposals:
-        """Sample one token per row from the warped drafter distribution and store that distribution."""
-        probs = self.warp.probs(logits)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        scores = probs.gather(-1, tokens[:, None]).squeeze(-1)
-        if not self.warp.truncates:
-            return Proposals(tokens=tokens, scores=scores, probs=probs)
-        width = int((probs > 0).sum(-1).max())
-        values, ids = torch.topk(probs, width, dim=-1)
-        return Proposals(tokens=tokens, scores=scores, probs=values, ids=ids)
+        """Sample one token per row from the warped drafter distribution and store that distribution.
+
+        The distributions are stored densely (``[k, V]``): finding the width of a sparse copy would cost a
+        host synchronisation per call.
+        """
+        return self._draw(self.warp.probs(logits), generator)
 
     def verify(self, drafts: Sequence[DraftRef], logits: torch.Tensor, generator: torch.Generator | None) -> Verdict:
-        """Accept with ``min(1, p/q)``; correct from ``max(p - q, 0)``; bonus from ``p`` after a full accept."""
-        target = self.warp.probs(logits)
+        """Accept with ``min(1, p/q)``; correct from ``max(p - q, 0)``; bonus from ``p`` after a full accept.
+
+        Everything runs on the device over the whole chain at once (one uniform per draft, one categorical
+        draw); the verdict is read when the schedule needs it.
+        """
+        return self._verify(drafts, self.warp.probs(logits), generator)
+
+    def propose_and_verify(
+        self, drafts: Sequence[DraftRef], logits: torch.Tensor, num_verify: int, generator: torch.Generator | None
+    ) -> tuple[Proposals | None, Verdict]:
+        """Warp verifier and drafter rows in one pass, then propose and verify as the two methods do.
+
+        A subclass that overrides :meth:`propose` or :meth:`verify` gets its own methods called instead.
+        """
+        if type(self).propose is not RejectionSampling.propose or type(self).verify is not RejectionSampling.verify:
+            return super().propose_and_verify(drafts, logits, num_verify, generator)
+        probs = self.warp.probs(logits)
+        proposals = self._draw(probs[num_verify:], generator) if probs.shape[0] > num_verify else None
+        return proposals, self._verify(drafts, probs[:num_verify], generator)
+
+    @staticmethod
+    def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> Proposals:
+        tokens = sample_rows(probs, generator)
+        return Proposals(tokens=tokens.squeeze(-1), scores=probs.gather(-1, tokens).squeeze(-1), probs=probs)
+
+    @staticmethod
+    def _verify(drafts: Sequence[DraftRef], target: torch.Tensor, generator: torch.Generator | None) -> Verdict:
+        ranks, vocab = target.shape
         kappa = len(drafts)
-        accepted = 0
-        proposal = None
+        device = target.device
         if kappa:
-            tokens = chain_tokens(drafts, target.device)
-            proposal = _stack_proposals(drafts, target.shape[-1]).to(target.dtype)
-            p = target[:kappa].gather(-1, tokens[:, None]).squeeze(-1)
-            q = proposal.gather(-1, tokens[:, None]).squeeze(-1)
-            uniforms = torch.rand(kappa, generator=generator, device=target.device, dtype=target.dtype)
-            accepted = first_false(uniforms * q < p)  # u < p/q without dividing (q > 0 for drawn tokens)
-        if accepted < kappa:
-            residual = (target[accepted] - proposal[accepted]).clamp_min(0.0)
-            total = residual.sum()
+            tokens, proposal = _chain_proposals(drafts, vocab)
+            proposal = proposal.to(target.dtype)
+            p = target[:kappa].gather(-1, tokens).squeeze(-1)
+            q = proposal.gather(-1, tokens).squeeze(-1)
+            uniforms = torch.rand(kappa, generator=generator, device=device, dtype=target.dtype)
+            accepted = leading_true(uniforms * q < p)  # u < p/q without dividing (q > 0 for drawn tokens)
+            if ranks > kappa:  # the bonus rank has no proposal: its "residual" is p itself
+                proposal = torch.cat([proposal, proposal.new_zeros(ranks - kappa, vocab)])
+            # The rank the verifier's token goes to (clamped: after a full accept with no rank left the
+            # draw is discarded).
+            row = accepted.clamp(max=ranks - 1).view(1)
+            verifier = target.index_select(0, row)
+            residual = (verifier - proposal.index_select(0, row)).clamp_min(0.0)
             # A rejection implies p(d) < q(d), so the residual has positive mass; guard rounding anyway.
-            dist = residual / total if float(total) > 0 else target[accepted]
-            token = int(torch.multinomial(dist, 1, generator=generator))
-        elif accepted < target.shape[0]:
-            token = int(torch.multinomial(target[accepted], 1, generator=generator))
+            dist = torch.where(residual.sum(-1, keepdim=True) > 0, residual, verifier)
         else:
-            token = None
-        return Verdict(accepted=accepted, token=token, scores=target.amax(-1))
+            accepted = torch.zeros((), dtype=torch.int64, device=device)
+            dist = target[:1]
+        outcome = torch.cat([accepted.view(1), sample_rows(dist, generator).view(1)])
+
+        def resolve(values: list[list]) -> tuple[int, int | None]:
+            accepted, token = values[0]
+            return accepted, token if accepted < ranks else None
+
+        return Verdict.deferred((outcome,), resolve, lambda: target.amax(-1))
 
     def describe(self) -> dict[str, object]:
         """Name and sampling options."""
@@ -117,19 +149,30 @@ class RejectionSampling(AcceptanceRule):
         }
 
 
-def _stack_proposals(drafts: Sequence[DraftRef], vocab_size: int) -> torch.Tensor:
-    """Dense ``[kappa, V]`` proposal distributions of a chain, gathering rows batch by batch."""
-    rows: list[torch.Tensor] = []
-    start = 0
-    while start < len(drafts):
-        batch = drafts[start].proposals
-        stop = start
-        while stop < len(drafts) and drafts[stop].proposals is batch:
-            stop += 1
-        index = torch.tensor([d.row for d in drafts[start:stop]], device=batch.tokens.device)
-        rows.append(batch.dense(index, vocab_size))
-        start = stop
-    return torch.cat(rows) if len(rows) > 1 else rows[0]
+def sample_rows(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of non-negative ``[k, V]`` weights (each row with positive mass), drawn exactly.
+
+    Inverse-CDF sampling: a uniform in ``(0, 1]`` scaled by the row's total picks the first token whose
+    cumulative weight reaches it, so a token of zero weight is never drawn. On a CPU this costs a few
+    vectorised ops where ``torch.multinomial`` costs about a millisecond per call.
+
+    Returns:
+        ``[k, 1]`` int64 token ids.
+    """
+    cumulative = weights.cumsum(-1)
+    uniforms = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=weights.dtype)
+    thresholds = (1.0 - uniforms) * cumulative[:, -1:]  # in (0, total]: 1 - u with u in [0, 1)
+    return torch.searchsorted(cumulative, thresholds)
+
+
+def _chain_proposals(drafts: Sequence[DraftRef], vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain's ``[kappa, 1]`` draft tokens and dense ``[kappa, V]`` proposals, on the device."""
+    groups = chain_rows(drafts)
+    tokens = [batch.tokens[rows] for batch, rows in groups]
+    dense = [batch.dense(rows, vocab_size) for batch, rows in groups]
+    if len(groups) == 1:
+        return tokens[0][:, None], dense[0]
+    return torch.cat(tokens)[:, None], torch.cat(dense)
 
 
 def make_rejection(temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> RejectionSampling:

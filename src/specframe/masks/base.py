@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from specframe.errors import ConfigError
+from specframe.masks.templates import TemplateCache
 from specframe.models.base import ModelBackend
 from specframe.orders.base import OrderPolicy
 from specframe.plan import CallPlan, CallResult, PhysicalCall
@@ -27,6 +28,13 @@ class MaskBuilder(ABC):
 
     traits: LayoutTraits = LayoutTraits(free_bonus=False, any_order=False)
 
+    #: How :meth:`build` depends on a plan beyond which rows hold the plan's tokens (never on the token
+    #: values): ``"offsets"``, only on positions relative to the plan's first one; ``"counts"``, only on the
+    #: number of pending tokens, ranks, chain tokens and targets per group (positions are copied into rows,
+    #: never compared); ``None``, in any way. With a mode, :meth:`physical` lays each plan shape out once and
+    #: reuses it (:mod:`specframe.masks.templates`); with ``None`` every call is built afresh.
+    layout_depends_on: str | None = None
+
     def __init__(self, model: ModelBackend) -> None:
         self.model = model
         self.device = model.device
@@ -35,8 +43,28 @@ class MaskBuilder(ABC):
     def build(self, plan: CallPlan) -> PhysicalCall:
         """Lay ``plan`` out as rows (raises :class:`~specframe.errors.PlanError` if it cannot)."""
 
+    def physical(self, plan: CallPlan) -> PhysicalCall:
+        """The physical call of ``plan``: :meth:`build`'s layout, from a template (see :attr:`layout_depends_on`).
+
+        Raises:
+            PlanError: The family cannot lay the plan out.
+            InputError: A token id outside the vocabulary or a position beyond the model's context.
+        """
+        if self.layout_depends_on is None:
+            return self.build(plan)
+        templates = self.__dict__.get("_templates")
+        if templates is None:
+            model = self.model
+            mode = self.layout_depends_on
+            templates = TemplateCache(self.build, mode, self.device, model.vocab_size, model.max_positions)
+            self._templates = templates
+        return templates.call(plan)
+
     def read(self, call: PhysicalCall, logits: torch.Tensor) -> CallResult:
         """Split the returned logits (one row per ``call.output_rows``) into verifier and drafter logits."""
+        if call.row_slices is not None:
+            verify, drafts = call.row_slices
+            return CallResult(logits[verify], tuple(logits[s] for s in drafts), logits)
         return CallResult(
             verify_logits=logits[call.verify_rows],
             draft_logits=tuple(logits[rows] for rows in call.draft_rows),
@@ -136,10 +164,11 @@ class RowTable:
         """Materialise a :class:`PhysicalCall` whose outputs are the verify rows then the draft rows."""
         output = list(verify_rows) + [r for rows in draft_rows for r in rows]
         verify_index = torch.arange(len(verify_rows), device=device)
-        draft_index = []
+        draft_index, draft_slices = [], []
         offset = len(verify_rows)
         for rows in draft_rows:
             draft_index.append(torch.arange(offset, offset + len(rows), device=device))
+            draft_slices.append(slice(offset, offset + len(rows)))
             offset += len(rows)
         return PhysicalCall(
             plan=plan,
@@ -151,4 +180,5 @@ class RowTable:
             draft_rows=tuple(draft_index),
             commit_rows=commit_rows,
             adapter_rows=torch.tensor(self.adapter, dtype=torch.bool, device=device) if use_adapter else None,
+            row_slices=(slice(0, len(verify_rows)), tuple(draft_slices)),
         )

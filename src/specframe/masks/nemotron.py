@@ -38,6 +38,7 @@ class NemotronMaskBuilder(MaskBuilder):
     """Physical layouts for Nemotron-Labs-Diffusion."""
 
     traits = LayoutTraits(free_bonus=True, any_order=False)
+    layout_depends_on = "offsets"
 
     def build(self, plan: CallPlan) -> PhysicalCall:
         """Lay out ``plan`` (see the module docstring for the layouts)."""

@@ -31,6 +31,7 @@ class SetDLMMaskBuilder(MaskBuilder):
     """Physical layouts for SetDLM."""
 
     traits = LayoutTraits(free_bonus=False, any_order=True)
+    layout_depends_on = "counts"
 
     def build(self, plan: CallPlan) -> PhysicalCall:
         """Lay out ``plan`` as ``[N | O | M | R]``."""

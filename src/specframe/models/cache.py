@@ -98,10 +98,11 @@ class KVCache:
             return
         if max(rows) >= self.staged or min(rows) < 0:
             raise IndexError(f"commit rows {list(rows)} outside the {self.staged} staged rows")
-        index = torch.as_tensor(list(rows), device=self.keys.device) + self.length
         count = len(rows)
-        self.keys[:, self.length : self.length + count] = self.keys.index_select(1, index)
-        self.values[:, self.length : self.length + count] = self.values.index_select(1, index)
+        if list(rows) != list(range(count)):  # the leading staged rows already sit where they are kept
+            index = torch.as_tensor(list(rows), device=self.keys.device) + self.length
+            self.keys[:, self.length : self.length + count] = self.keys.index_select(1, index)
+            self.values[:, self.length : self.length + count] = self.values.index_select(1, index)
         self.length += count
         self.staged = 0
         if positions is not None:

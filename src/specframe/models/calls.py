@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 
 from specframe.errors import InputError
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
+
+_CALLER_CHECKED: ContextVar[bool] = ContextVar("specframe_caller_checked", default=False)
+
+
+@contextmanager
+def caller_checked(checked: bool = True) -> Iterator[None]:
+    """Within the block, :func:`check_call` skips the value check (its host sync) when ``checked``.
+
+    For a caller that validated token and position ids on the host before putting them on the device (the
+    decoder, for calls built from layout templates); shapes, dtypes and devices are still checked.
+    """
+    token = _CALLER_CHECKED.set(checked)
+    try:
+        yield
+    finally:
+        _CALLER_CHECKED.reset(token)
 
 
 def check_call(
@@ -22,7 +42,8 @@ def check_call(
 ) -> None:
     """Check the arguments of :meth:`ModelBackend.forward` (see there, in its order) before the call runs.
 
-    Shapes, dtypes and devices are checked without a host sync; with ``values``, the ids too (one host sync).
+    Shapes, dtypes and devices are checked without a host sync; with ``values``, the ids too (one host sync),
+    unless the caller checked them (:func:`caller_checked`).
 
     Raises:
         InputError: Naming every problem found.
@@ -52,7 +73,7 @@ def check_call(
             f"the KV cache ({keys.dtype}, {keys.device}, layers/heads/head size {found}) was not made for this "
             f"model ({model.dtype}, {model.device}, {expected}); create it with model.new_cache()"
         )
-    if not problems and values:
+    if not problems and values and not _CALLER_CHECKED.get():
         problems = _value_problems(model, cache, ids, positions, attention, output_rows)
     if problems:
         raise InputError("; ".join(problems))

@@ -16,6 +16,9 @@ class OrderPolicy(ABC):
     #: verifier is left-to-right only (Nemotron) accept only such policies.
     left_to_right: bool = False
 
+    #: Whether :meth:`order` reads the scores. When False, schedules neither compute nor store them.
+    uses_scores: bool = True
+
     @abstractmethod
     def order(self, positions: Sequence[int], scores: Mapping[int, float]) -> list[int]:
         """Return ``positions`` permuted into verification rank order.

@@ -12,6 +12,7 @@ class LeftToRight(OrderPolicy):
     """Verify the window from its leftmost position to its rightmost."""
 
     left_to_right = True
+    uses_scores = False
 
     def order(self, positions: Sequence[int], scores: Mapping[int, float]) -> list[int]:
         """Positions in increasing order."""

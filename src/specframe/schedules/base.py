@@ -10,7 +10,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
+import torch
+
 from specframe.acceptance.base import DraftRef, Proposals, Verdict
+from specframe.hostread import read_together
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.state import DecodeState
 
@@ -129,6 +132,29 @@ def verify_planned_chain(state: DecodeState, plan: CallPlan, result: CallResult)
     return verdict
 
 
+def verify_and_propose(state: DecodeState, plan: CallPlan, result: CallResult) -> tuple[Verdict, Proposals | None]:
+    """Verify ``plan``'s chain and propose its first draft group from one call (Packed-SS's step).
+
+    The acceptance rule treats verifier and drafter rows together (:meth:`AcceptanceRule.propose_and_verify`),
+    and the verdict and the proposals reach the host in one transfer. The verdict is accepted into the state;
+    the proposals are returned for :func:`store_drafts` (``None`` when the group has no targets).
+    """
+    ctx = state.ctx
+    chain = planned_chain(state, plan)
+    num_verify = result.verify_logits.shape[0]
+    rows = num_verify + result.draft_logits[0].shape[0]
+    if result.logits is not None:
+        logits = result.logits[:rows]
+    else:
+        logits = torch.cat([result.verify_logits, result.draft_logits[0]])
+    proposals, verdict = ctx.rule.propose_and_verify(chain, logits, num_verify, ctx.generator)
+    if proposals is not None and ctx.order.uses_scores:
+        proposals.with_scores()
+    read_together(verdict, proposals)
+    accept_verdict(state, plan, chain, verdict)
+    return verdict, proposals
+
+
 def store_drafts(
     state: DecodeState, targets: tuple[int, ...], proposals: Proposals | None, *, keep_scores: bool = False
 ) -> None:
@@ -145,7 +171,12 @@ def store_drafts(
         state.set_drafts({}, state.scores if keep_scores else {})
         return
     drafts = {p: DraftRef(proposals, i) for i, p in enumerate(targets)}
-    scores = state.scores if keep_scores else dict(zip(targets, proposals.score_list, strict=True))
+    if keep_scores:
+        scores = state.scores
+    elif state.ctx.order.uses_scores:
+        scores = dict(zip(targets, proposals.score_list, strict=True))
+    else:
+        scores = {}
     state.set_drafts(drafts, scores)
 
 
@@ -153,7 +184,8 @@ def propose(state: DecodeState, logits) -> Proposals | None:
     """Draft tokens from drafter logits with the request's acceptance rule (``None`` for no targets)."""
     if logits.shape[0] == 0:
         return None
-    return state.ctx.rule.propose(logits, state.ctx.generator)
+    proposals = state.ctx.rule.propose(logits, state.ctx.generator)
+    return proposals.with_scores() if state.ctx.order.uses_scores else proposals
 
 
 def store_group(

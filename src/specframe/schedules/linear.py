@@ -10,8 +10,9 @@ verification (appendix E.6); the order is fixed before the drafting call.
 from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
+from specframe.hostread import HostCopy, read_together
 from specframe.plan import CallPlan, CallResult
-from specframe.schedules.base import Schedule, draft_plan, store_group, verify_only_plan, verify_planned_chain
+from specframe.schedules.base import Schedule, accept_verdict, draft_plan, planned_chain, store_group, verify_only_plan
 from specframe.state import DecodeState
 
 
@@ -31,8 +32,13 @@ class LinearSchedule(Schedule):
         if plan.num_verify == 0:
             store_group(state, plan, result, keep_scores=True)
             return 0
-        verdict = verify_planned_chain(state, plan, result)
-        scores = dict(zip(plan.order[: plan.num_verify], verdict.scores.tolist(), strict=True))
+        ctx = state.ctx
+        chain = planned_chain(state, plan)
+        verdict = ctx.rule.verify(chain, result.verify_logits, ctx.generator)
+        confidence = HostCopy(verdict.scores) if ctx.order.uses_scores else None
+        read_together(verdict, confidence)  # one host transfer for the outcome and the scores
+        accept_verdict(state, plan, chain, verdict)
+        scores = dict(zip(plan.order[: plan.num_verify], confidence.values, strict=True)) if confidence else {}
         state.set_drafts({}, scores)
         return verdict.accepted
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
-from specframe.schedules.base import Schedule, store_group, verification_window, verify_planned_chain, window_plan
+from specframe.schedules.base import Schedule, store_drafts, verification_window, verify_and_propose, window_plan
 from specframe.state import DecodeState
 
 
@@ -36,9 +36,12 @@ class PackedSchedule(Schedule):
         return window_plan(state, window, (DraftGroup(context=0, targets=targets),))
 
     def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """Verify against the stored proposals, then keep the fresh proposals at unresolved positions."""
-        verdict = verify_planned_chain(state, plan, result)
-        store_group(state, plan, result)
+        """Verify against the stored proposals, then keep the fresh proposals at unresolved positions.
+
+        Both come from the same call's logits and reach the host in one transfer (:func:`verify_and_propose`).
+        """
+        verdict, proposals = verify_and_propose(state, plan, result)
+        store_drafts(state, plan.drafts[0].targets, proposals)
         return verdict.accepted
 
 
