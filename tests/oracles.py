@@ -54,10 +54,7 @@ class MonotoneOracle(ModelBackend):
         adapter_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         rows = input_ids.shape[0]
-        cache.reserve(rows)
-        code = torch.stack([position_ids, input_ids], -1).to(torch.float64).view(rows, 1, 2)
-        keys, _ = cache.write(0, code, code)
-        cached_positions = keys[: cache.length, 0, 0].long().tolist()
+        cached_positions = [p for p, _ in stage_pairs(cache, input_ids, position_ids)]
         logits = torch.zeros(rows, self.vocab_size, dtype=torch.float64)
         for row in range(rows):
             position = int(position_ids[row])
@@ -79,3 +76,16 @@ class MonotoneOracle(ModelBackend):
     def _true(self, position: int) -> int:
         k = position - self.start + 1
         return self.continuation[k - 1] if 1 <= k <= len(self.continuation) else 0
+
+
+def stage_pairs(cache: KVCache, input_ids: torch.Tensor, position_ids: torch.Tensor) -> list[tuple[int, int]]:
+    """Stage a call's rows with keys that encode ``(position, token)``; return the cached rows' pairs.
+
+    For test backends with one layer, one head and ``head_dim`` 2: what a row sees is then read back from the
+    cache instead of being computed.
+    """
+    rows = input_ids.shape[0]
+    cache.reserve(rows)
+    code = torch.stack([position_ids, input_ids], -1).to(torch.float64).view(rows, 1, 2)
+    keys, _ = cache.write(0, code, code)
+    return [(int(p), int(t)) for p, t in keys[: cache.length, 0].long().tolist()]

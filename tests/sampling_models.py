@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from oracles import stage_pairs
 from specframe.acceptance.rejection import SamplingWarp
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
@@ -104,10 +105,7 @@ class TableModel(ModelBackend):
     ) -> torch.Tensor:
         """Look every row's logits up from what it sees (cached rows plus the call's rows it attends to)."""
         rows = input_ids.shape[0]
-        cache.reserve(rows)
-        code = torch.stack([position_ids, input_ids], -1).to(torch.float64).view(rows, 1, 2)
-        keys, _ = cache.write(0, code, code)
-        cached = {(int(p), int(t)) for p, t in keys[: cache.length, 0].long().tolist()}
+        cached = set(stage_pairs(cache, input_ids, position_ids))
         tokens, positions = input_ids.tolist(), position_ids.tolist()
         attend = attention.tolist()
         wanted = range(rows) if output_rows is None else output_rows.tolist()
@@ -132,9 +130,18 @@ class TableModel(ModelBackend):
 
 
 def exact_distribution(
-    model: TableModel, prompt: Sequence[int], length: int, warp: SamplingWarp
+    model: ModelBackend,
+    prompt: Sequence[int],
+    length: int,
+    warp: SamplingWarp,
+    next_logits: Callable[[list[int]], torch.Tensor] | None = None,
 ) -> dict[tuple[int, ...], float]:
-    """Probability of every output (up to ``length`` tokens, ending early at EOS) under AR sampling."""
+    """Probability of every output (up to ``length`` tokens, ending early at EOS) under AR sampling.
+
+    ``next_logits(ids)`` gives the verifier's logits after prompt and output ids ``ids``; by default one
+    cache-free forward of a :class:`TableModel` (:func:`ar_logits`).
+    """
+    next_logits = next_logits or (lambda ids: ar_logits(model, ids))
     eos = set(model.eos_token_ids)
     out: dict[tuple[int, ...], float] = {}
 
@@ -142,7 +149,7 @@ def exact_distribution(
         if len(prefix) == length or (prefix and prefix[-1] in eos):
             out[prefix] = out.get(prefix, 0.0) + mass
             return
-        probs = warp.probs(ar_logits(model, [*prompt, *prefix])[None])[0].tolist()
+        probs = warp.probs(next_logits([*prompt, *prefix])[None])[0].tolist()
         for token, p in enumerate(probs):
             if p > 0:
                 expand((*prefix, token), mass * p)

@@ -185,23 +185,6 @@ REAL_VOCAB = 6  # ids 0-3 ordinary, 4 EOS, 5 mask
 REAL_PROMPT = [0, 1, 2, 3, 1]
 
 
-def real_exact(model, warp: SamplingWarp, length: int) -> dict[tuple[int, ...], float]:
-    eos = set(model.eos_token_ids)
-    out: dict[tuple[int, ...], float] = {}
-
-    def expand(prefix: tuple[int, ...], mass: float) -> None:
-        if len(prefix) == length or (prefix and prefix[-1] in eos):
-            out[prefix] = out.get(prefix, 0.0) + mass
-            return
-        context = list(enumerate(REAL_PROMPT + list(prefix)))
-        for token, p in enumerate(warp.probs(conditional_logits(model, context, len(context))[None])[0].tolist()):
-            if p > 0:
-                expand((*prefix, token), mass * p)
-
-    expand((), 1.0)
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("schedule", ["quadratic", "packed"])
@@ -213,4 +196,7 @@ def test_real_networks_sample_the_ar_distribution(tmp_path_factory, family, sche
         {"model": model, "schedule": schedule, "acceptance": WARPS["t1"], "width": WIDTH, "max_new_tokens": 3}
     )
     counts = sample_counts(lambda s: decoder.generate(prompt_ids=REAL_PROMPT, seed=s).output_ids, SAMPLES)
-    assert gof_pvalue(counts, real_exact(model, _warp("t1"), 3)) > PASS
+    exact = exact_distribution(
+        model, REAL_PROMPT, 3, _warp("t1"), lambda ids: conditional_logits(model, list(enumerate(ids)), len(ids))
+    )
+    assert gof_pvalue(counts, exact) > PASS
