@@ -44,14 +44,17 @@ class IncrementalText:
     def finish(self, ids: Sequence[int], final: str | None = None) -> str:
         """Everything not yet handed out, once generation has ended.
 
-        Raises:
-            RuntimeError: If the text handed out so far is not a prefix of the final text (a tokenizer whose
-                decoding of a prefix is not a prefix of its decoding of the whole).
+        With a tokenizer whose decoding of a prefix is not always a prefix of its decoding of the whole (not
+        the case for byte-level BPE), text already handed out cannot be taken back: the rest then starts
+        where the two texts first differ, and the pieces' concatenation can differ from the final text.
         """
         final = self.decode(ids) if final is None else final
-        if not final.startswith(self.sent):
-            raise RuntimeError(f"streamed text {self.sent!r} is not a prefix of the final text {final!r}")
-        rest = final[len(self.sent) :]
+        common = 0
+        for mine, theirs in zip(self.sent, final, strict=False):
+            if mine != theirs:
+                break
+            common += 1
+        rest = final[common:]
         self.sent = final
         return rest
 
