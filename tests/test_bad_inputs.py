@@ -290,3 +290,23 @@ def test_a_pickle_with_objects_is_refused_as_unsafe(tmp_path, capsys, zipped):
 def test_load_model_needs_a_name_or_path(source):
     with pytest.raises(ConfigError, match="the model source must be a Hub repo id, a folder path"):
         load_model(source)
+
+
+class _BrokenFamily:
+    @hookimpl
+    def register_model_backends(self, register):
+        def explodes(checkpoint):
+            raise RuntimeError("cannot read this")
+
+        register("explodes", explodes, model_types=["explodes"])
+        register("not-a-model", lambda checkpoint: "a string", model_types=["not_a_model"])
+
+
+@pytest.mark.parametrize(
+    ("family", "message"), [("explodes", "RuntimeError: cannot read this"), ("not-a-model", "returned str")]
+)
+def test_a_failing_model_loader_names_the_plugin(tmp_path, family, message):
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False)
+    with plugin_registered(_BrokenFamily(), "broken_family"), pytest.raises(PluginError) as info:
+        load_model(folder, family=family)
+    assert message in str(info.value) and "plugin 'broken_family'" in str(info.value)

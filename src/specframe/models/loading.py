@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from specframe.errors import CheckpointError, ConfigError
+from specframe.errors import CheckpointError, ConfigError, PluginError, SpecframeError
 from specframe.models.base import ModelBackend
 from specframe.models.config_json import checkpoint_dtype, read_config
 from specframe.models.hub import resolve_source
@@ -174,7 +174,20 @@ def load_model(
         options["adapter"] = adapter
     resolved_dtype = resolve_dtype(dtype, resolved_device, checkpoint_dtype(config))
     name = os.fspath(source) if source is not None else str(folder)
-    return entry.factory(Checkpoint(folder, config, name, resolved_device, resolved_dtype), **options)
+    checkpoint = Checkpoint(folder, config, name, resolved_device, resolved_dtype)
+    origin = f"model family {entry.name!r} (plugin {entry.plugin!r}, distribution {entry.distribution!r})"
+    try:
+        model = entry.factory(checkpoint, **options)
+    except SpecframeError:
+        raise
+    except Exception as exc:
+        raise PluginError(
+            f"{origin} failed to load {folder}: {type(exc).__name__}: {exc}; this is a bug in that plugin "
+            "(report it to its authors)"
+        ) from exc
+    if not isinstance(model, ModelBackend):
+        raise PluginError(f"{origin}: its loader returned {type(model).__name__}, not a ModelBackend")
+    return model
 
 
 def _pick_family(config: dict, family: str | None, folder: os.PathLike[str]) -> PluginEntry:
