@@ -125,15 +125,19 @@ def test_inductor_graphs_reproduce_ar_in_float64(tmp_path, family):
 @pytest.mark.slow
 @pytest.mark.parametrize(("family", "warp"), [(NEMOTRON, "t1"), (SETDLM, "topk")])
 def test_inductor_graphs_sample_the_ar_distribution(tmp_path, family, warp):
-    from specframe.acceptance.rejection import RejectionSampling
-    from test_distribution import PASS, WARPS, chisquare_pvalue, exact_distribution, sample_counts
-    from test_distribution import VOCAB as DIST_VOCAB
+    from decoding_helpers import conditional_logits
+    from sampling_models import exact_distribution, gof_pvalue, sample_counts
+    from test_distribution import PASS, REAL_PROMPT, REAL_VOCAB, SAMPLES, WARPS, WIDTH, _warp
 
     scale = 0.3 if family == NEMOTRON else 0.05
-    model = tiny_model(family, tmp_path / "m", vocab=DIST_VOCAB, seed=4 if family == NEMOTRON else 5, logit_scale=scale)
-    spec = WARPS[warp]
-    exact = exact_distribution(model, RejectionSampling(spec["temperature"], spec.get("top_k"), spec.get("top_p")).warp)
+    model = tiny_model(family, tmp_path / "m", vocab=REAL_VOCAB, seed=4 if family == NEMOTRON else 5, logit_scale=scale)
+    exact = exact_distribution(
+        model, REAL_PROMPT, 3, _warp(warp), lambda ids: conditional_logits(model, list(enumerate(ids)), len(ids))
+    )
     model.enable_compiled()
-    counts = sample_counts(model, "packed", spec)
+    decoder = compose(
+        {"model": model, "schedule": "packed", "acceptance": WARPS[warp], "width": WIDTH, "max_new_tokens": 3}
+    )
+    counts = sample_counts(lambda seed: decoder.generate(prompt_ids=REAL_PROMPT, seed=seed).output_ids, SAMPLES)
     assert model.compiled.graph_calls > 0
-    assert chisquare_pvalue(counts, exact) > PASS
+    assert gof_pvalue(counts, exact) > PASS
