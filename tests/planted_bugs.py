@@ -24,6 +24,9 @@ RULE_BUGS = ("none", "unnormalised-residual", "residual-without-positive-part", 
 class ReferenceRejection(AcceptanceRule):
     """Speculative rejection sampling, one rank at a time, with an optional planted bug.
 
+    Drafts are drawn by inverse CDF: row ``i``'s token is where a uniform ``u_i`` falls in the cumulative
+    proposal distribution (the uniforms are kept with the proposals, for the ``seed-reuse`` bug).
+
     Args:
         temperature: Softmax temperature.
         top_k: Top-k truncation of both distributions (the drafter's only, under ``top-k-drafter-only``).
@@ -33,8 +36,8 @@ class ReferenceRejection(AcceptanceRule):
               dividing by its mass; a uniform beyond the mass falls back to the last token with residual;
             * ``residual-without-positive-part``: the correction is drawn from ``|p - q|``;
             * ``top-k-drafter-only``: top-k truncates the proposals but not the verifier's distribution;
-            * ``seed-reuse``: the acceptance uniforms come from a second generator seeded like the request's,
-              so they repeat the random numbers the drafts were drawn with.
+            * ``seed-reuse``: a draft is accepted or rejected with the same random number it was drawn with
+              (what reusing one seed for drafting and verification amounts to), instead of a fresh one.
     """
 
     stochastic = True
@@ -44,24 +47,30 @@ class ReferenceRejection(AcceptanceRule):
         self.bug = bug
         self.draft_warp = SamplingWarp(temperature, top_k)
         self.verify_warp = SamplingWarp(temperature, None if bug == "top-k-drafter-only" else top_k)
-        self._uniforms: tuple[int, int, torch.Generator] | None = None
 
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None) -> Proposals:
-        """Sample from the warped drafter distribution and keep it (dense)."""
+        """Sample from the warped drafter distribution by inverse CDF and keep it (dense)."""
         probs = self.draft_warp.probs(logits)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-        return Proposals(tokens=tokens, scores=probs.gather(-1, tokens[:, None]).squeeze(-1), probs=probs)
+        cdf = probs.cumsum(-1)
+        uniforms = torch.rand(probs.shape[0], generator=generator, dtype=probs.dtype) * cdf[:, -1]
+        tokens = torch.searchsorted(cdf, uniforms[:, None], right=True).squeeze(-1)
+        proposals = Proposals(tokens=tokens, scores=probs.gather(-1, tokens[:, None]).squeeze(-1), probs=probs)
+        proposals.draw_uniforms = uniforms.tolist()
+        return proposals
 
     def verify(self, drafts: Sequence[DraftRef], logits: torch.Tensor, generator: torch.Generator | None) -> Verdict:
         """Accept each draft with ``min(1, p/q)``; correct at the first rejection; bonus after a full accept."""
         target = self.verify_warp.probs(logits)
         vocab = target.shape[-1]
-        uniforms = self._uniform_generator(generator)
         for rank, draft in enumerate(drafts):
             p = target[rank]
             q = draft.proposals.dense(torch.tensor([draft.row]), vocab)[0].to(p.dtype)
             token = draft.token
-            if float(torch.rand((), generator=uniforms, dtype=p.dtype)) * float(q[token]) < float(p[token]):
+            if self.bug == "seed-reuse":
+                u = draft.proposals.draw_uniforms[draft.row]
+            else:
+                u = float(torch.rand((), generator=generator, dtype=p.dtype))
+            if u * float(q[token]) < float(p[token]):
                 continue
             return Verdict(rank, self._correction(p, q, generator), target.amax(-1))
         if len(drafts) < target.shape[0]:
@@ -80,14 +89,6 @@ class ReferenceRejection(AcceptanceRule):
             index = int(torch.searchsorted(cdf, torch.tensor(u, dtype=p.dtype), right=True))
             return index if index < len(cdf) else int(torch.nonzero(residual).max())
         return int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-
-    def _uniform_generator(self, generator: torch.Generator | None) -> torch.Generator | None:
-        if self.bug != "seed-reuse" or generator is None:
-            return generator
-        key = (id(generator), generator.initial_seed())
-        if self._uniforms is None or self._uniforms[:2] != key:  # a new request: seed a second generator alike
-            self._uniforms = (*key, torch.Generator().manual_seed(generator.initial_seed()))
-        return self._uniforms[2]
 
 
 class OtherGroupsProposalBug(QuadraticSchedule):
