@@ -44,15 +44,7 @@ class MonotoneOracle(ModelBackend):
         self.num_layers, self.num_kv_heads, self.head_dim = 1, 1, 2
         self.dtype = torch.float64
 
-    def forward(
-        self,
-        cache: KVCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention: torch.Tensor,
-        output_rows: torch.Tensor | None = None,
-        adapter_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, cache: KVCache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
         rows = input_ids.shape[0]
         cached_positions = [p for p, _ in stage_pairs(cache, input_ids, position_ids)]
         logits = torch.zeros(rows, self.vocab_size, dtype=torch.float64)

@@ -94,15 +94,7 @@ class TableModel(ModelBackend):
         return self.row_logits(kind, len(prefix), visible)
 
     # -- the backend -------------------------------------------------------------------------------------
-    def forward(
-        self,
-        cache: KVCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention: torch.Tensor,
-        output_rows: torch.Tensor | None = None,
-        adapter_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def forward(self, cache: KVCache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
         """Look every row's logits up from what it sees (cached rows plus the call's rows it attends to)."""
         rows = input_ids.shape[0]
         cached = set(stage_pairs(cache, input_ids, position_ids))

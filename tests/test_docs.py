@@ -28,6 +28,7 @@ import pytest
 from specframe import hookspecs
 from specframe.cli import main as cli_main
 from specframe.errors import CheckpointError, ConfigError, PlanError
+from specframe.plugin_testing import torch_threads
 from specframe.plugins import KINDS, PluginHost, get_host, register_plugin, reset_host, unregister_plugin
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,12 +80,8 @@ def code_blocks(page: Path, language: str) -> list[str]:
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models run fastest on one thread; several threads on a busy machine are many times slower."""
-    import torch
-
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with torch_threads(1):
+        yield
 
 
 # -- the hook reference ----------------------------------------------------------------------------------

@@ -8,16 +8,20 @@ subprocess's specframe discovers the plugin exactly as after ``pip install``::
     result = run_with(site, ["-m", "specframe.cli", "plugins"])
     assert "lowest-confidence" in result.stdout
 
-Random model checkpoints for tests come from :mod:`specframe.models.testing`.
+:func:`torch_threads` runs a block (a test session) with a given number of torch threads. Random model
+checkpoints for tests come from :mod:`specframe.models.testing`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import torch
 
 from specframe.plugins import LOAD_ENV
 
@@ -50,3 +54,17 @@ def run_with(
     if load is not None:
         env[LOAD_ENV] = load
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int) -> Iterator[None]:
+    """Run the block with ``count`` torch threads, then restore the setting.
+
+    Tiny test models run fastest on one thread; several threads on a busy machine are many times slower.
+    """
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import specframe_adaptive_packed
-import torch
 
+from specframe.plugin_testing import torch_threads
 from specframe.plugins import plugin_registered
 
 
@@ -23,7 +23,5 @@ def adaptive_packed_registered():
 @pytest.fixture(autouse=True, scope="session")
 def one_thread():
     """Tiny models run fastest on one thread; several threads on a busy machine are many times slower."""
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+    with torch_threads(1):
+        yield

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 
@@ -31,3 +32,14 @@ class OrderPolicy(ABC):
     def describe(self) -> dict[str, object]:
         """JSON-friendly description."""
         return {"name": type(self).__name__}
+
+
+def by_score(positions: Sequence[int], scores: Mapping[int, float], *, highest_first: bool) -> list[int]:
+    """Scored positions by score (ties: lower position first), then the unscored ones in textual order.
+
+    A position is scored when ``scores`` holds a finite number for it (typically: it has a draft token).
+    """
+    scored = [p for p in positions if p in scores and math.isfinite(scores[p])]
+    rest = sorted(p for p in positions if p not in scores or not math.isfinite(scores[p]))
+    sign = -1.0 if highest_first else 1.0
+    return sorted(scored, key=lambda p: (sign * scores[p], p)) + rest

@@ -9,11 +9,10 @@ iteration.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from specframe.hookspecs import hookimpl
-from specframe.orders.base import OrderPolicy
+from specframe.orders.base import OrderPolicy, by_score
 
 
 class ConfidenceOrder(OrderPolicy):
@@ -23,10 +22,7 @@ class ConfidenceOrder(OrderPolicy):
 
     def order(self, positions: Sequence[int], scores: Mapping[int, float]) -> list[int]:
         """Scored positions by decreasing score (ties: lower position first), then the rest in order."""
-        scored = [p for p in positions if p in scores and math.isfinite(scores[p])]
-        rest = sorted(p for p in positions if p not in scores or not math.isfinite(scores[p]))
-        scored.sort(key=lambda p: (-scores[p], p))
-        return scored + rest
+        return by_score(positions, scores, highest_first=True)
 
     def describe(self) -> dict[str, object]:
         """The policy's name."""

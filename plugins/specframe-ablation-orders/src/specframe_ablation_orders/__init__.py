@@ -7,11 +7,10 @@ entry-point group declared in this package's ``pyproject.toml``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 
 from specframe import hookimpl
-from specframe.orders.base import OrderPolicy
+from specframe.orders.base import OrderPolicy, by_score
 
 
 class LowestConfidenceFirst(OrderPolicy):
@@ -21,11 +20,7 @@ class LowestConfidenceFirst(OrderPolicy):
 
     def order(self, positions: Sequence[int], scores: Mapping[int, float]) -> list[int]:
         """Scored positions by increasing score (ties: lower position first), then the rest in order."""
-        scored = sorted(
-            (p for p in positions if p in scores and math.isfinite(scores[p])), key=lambda p: (scores[p], p)
-        )
-        rest = sorted(p for p in positions if p not in scores or not math.isfinite(scores[p]))
-        return scored + rest
+        return by_score(positions, scores, highest_first=False)
 
     def describe(self) -> dict[str, object]:
         """The policy's name."""
