@@ -219,7 +219,8 @@ class AcceptanceRule(ABC):
     ) -> tuple[Proposals | None, Verdict]:
         """Draft from and verify with one call's logits: what Packed-SS does with every call.
 
-        Rules may share work between the two (one pass over all rows); the default proposes, then verifies.
+        Rules may share work between the two (one pass over all rows); the default verifies, then proposes
+        (the order in which separate calls of the two would draw their random numbers).
 
         Args:
             drafts: The chain's draft tokens in rank order, as for :meth:`verify`.
@@ -230,8 +231,9 @@ class AcceptanceRule(ABC):
         Returns:
             The proposals of the ``k`` drafter rows (``None`` when ``k == 0``) and the verdict.
         """
+        verdict = self.verify(drafts, logits[:num_verify], generator)
         proposals = self.propose(logits[num_verify:], generator) if logits.shape[0] > num_verify else None
-        return proposals, self.verify(drafts, logits[:num_verify], generator)
+        return proposals, verdict
 
     def describe(self) -> dict[str, object]:
         """JSON-friendly description of the rule and its options."""

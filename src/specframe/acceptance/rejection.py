@@ -99,8 +99,9 @@ class RejectionSampling(AcceptanceRule):
         if type(self).propose is not RejectionSampling.propose or type(self).verify is not RejectionSampling.verify:
             return super().propose_and_verify(drafts, logits, num_verify, generator)
         probs = self.warp.probs(logits)
+        verdict = self._verify(drafts, probs[:num_verify], generator)
         proposals = self._draw(probs[num_verify:], generator) if probs.shape[0] > num_verify else None
-        return proposals, self._verify(drafts, probs[:num_verify], generator)
+        return proposals, verdict
 
     @staticmethod
     def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> Proposals:
