@@ -154,7 +154,7 @@ def model_key(model: ModelBackend) -> dict[str, Any]:
         "device": str(model.device),
         "dtype": str(model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
-        "compiled": bool(getattr(model, "compiled", False)),
+        "path": str(getattr(model, "path", "eager")),  # eager or compiled forwards
         "torch": torch.__version__,
         "version": VERSION,
     }

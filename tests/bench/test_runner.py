@@ -177,3 +177,22 @@ def test_interrupted_by_the_user_then_resumed(tmp_path, tiny_setdlm, monkeypatch
     monkeypatch.setattr(Smoke, "grade", original)
     run(cut, tiny_setdlm)
     assert outputs(cut) == outputs(full)
+
+
+def test_automatic_widths_are_methods_with_their_choices_and_cost_model_reported(tmp_path, tiny_setdlm):
+    summary, report = run(tmp_path, tiny_setdlm, schedules=["ar", "packed", "auto"], widths=["auto", 2])
+    records = read_records(tmp_path / "records.jsonl")
+    assert {r["method"] for r in records} == {"ar", "packed/wauto", "packed/w2", "auto/wauto", "auto/w2"}
+    assert len({tuple(r["output_ids"]) for r in records if r["prompt_index"] == 0}) == 1  # still lossless
+    methods = {m["method"]: m for m in summary["methods"]}
+    for label, stats in methods.items():
+        calls = sum(r["metrics"]["nfe"] for r in records if r["method"] == label)
+        assert sum(stats["widths"].values()) == sum(stats["schedules"].values()) == calls
+    assert set(methods["packed/w2"]["schedules"]) == {"packed"} and set(methods["packed/w2"]["widths"]) == {"2"}
+    assert all(label == "ar" or label.startswith("packed/w") for label in methods["packed/wauto"]["schedules"])
+    assert all(label == "ar" or label.endswith("/w2") for label in methods["auto/w2"]["schedules"])
+    cost = summary["cost_model"]
+    assert cost["source"] in ("calibrated", "cache") and cost["table"] and cost["key"]["family"] == "setdlm"
+    assert "packed/wauto" in report
+    again, _ = run(tmp_path, tiny_setdlm, schedules=["ar", "packed", "auto"], widths=["auto", 2])
+    assert again["cost_model"] == cost  # a resumed run reports the cost model the responses were made with
