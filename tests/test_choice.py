@@ -14,7 +14,7 @@ from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, eos_ids, tiny_model
 from specframe import compose
 from specframe import costs as costs_module
 from specframe.choice.rates import Candidate, best, outcomes, throughput
-from specframe.choice.stats import AcceptanceStats, default_prior
+from specframe.choice.stats import AcceptanceStats, CallTimes, default_prior
 from specframe.cli import main
 from specframe.costs import CostModel, cost_model_for, fit, load_cached, model_key, save
 from specframe.errors import ConfigError
@@ -131,6 +131,24 @@ def test_stats_count_checked_tokens_decay_and_pool_across_requests():
     stats.start_request()  # pooled counts (never decayed): offset 2 checked twice, accepted once
     assert stats.prior[2] == pytest.approx((1 + default_prior(8)[2]) / (2 + 1))
     assert stats.rates()["prefix"][2] == pytest.approx(stats.prior[2])  # recent counts cleared
+
+
+def test_observed_call_times_replace_predictions_and_scale_the_unseen():
+    times = CallTimes(decay=0.5, trust=1.0)
+    assert times.correct("packed/w4", 0.01) == 0.01  # nothing seen: the prediction
+    for _ in range(3):
+        times.observe("packed/w4", 0.01, 0.02)  # twice as slow as predicted
+    assert times.correct("packed/w4", 0.01) == pytest.approx(0.75 * 0.02 + 0.25 * 0.02)
+    assert times.correct("quadratic/w2", 0.01) == pytest.approx(0.02)  # unseen: scaled by the seen ratio
+    chosen, _ = best(
+        [Candidate("packed", 4), Candidate("quadratic", 2)],
+        _q(0.5),
+        CostModel(0.01, 0.0).seconds,
+        _rows,
+        free_bonus=True,
+        correct=lambda label, predicted: predicted * (10 if label == "quadratic/w2" else 1),
+    )
+    assert chosen == Candidate("packed", 4)  # quadratic/w2 predicted better, observed ten times slower
 
 
 # -- the schedule ----------------------------------------------------------------------------------------

@@ -70,7 +70,21 @@ def throughput(
     free_bonus: bool,
     k: int = 2,
 ) -> float:
-    """Expected tokens per second of ``candidate`` in its steady state.
+    """Expected tokens per second of ``candidate`` in its steady state (see :func:`steady_state`)."""
+    tokens, spent = steady_state(candidate, q, seconds, rows, free_bonus=free_bonus, k=k)
+    return tokens / spent
+
+
+def steady_state(
+    candidate: Candidate,
+    q: Mapping[str, Sequence[float]],
+    seconds: Callable[[int], float],
+    rows: Callable[[str, int, int], int],
+    *,
+    free_bonus: bool,
+    k: int = 2,
+) -> tuple[float, float]:
+    """Expected tokens and seconds per call of ``candidate`` in its steady state.
 
     Args:
         candidate: The candidate.
@@ -82,16 +96,16 @@ def throughput(
     """
     kind, width = candidate.kind, candidate.width
     if kind == "ar" or width == 0:
-        return 1.0 / seconds(rows("ar", 0, 0))
+        return 1.0, seconds(rows("ar", 0, 0))
     fresh = tuple(range(2, width + 2))
     full_verify = width + 1 if free_bonus else width
     if kind == "linear":
         chain = tuple(range(1, width + 1))
         tokens = sum(a * p for a, p in outcomes(chain, q["prefix"], full_verify))
-        return tokens / (seconds(rows("linear", width, 0)) + seconds(rows("linear", width, width)))
+        return tokens / 2, (seconds(rows("linear", width, 0)) + seconds(rows("linear", width, width))) / 2
     if kind == "quadratic":
         tokens = sum(a * p for a, p in outcomes(fresh, q["branch"], full_verify))
-        return tokens / seconds(rows("quadratic", width, width))
+        return tokens, seconds(rows("quadratic", width, width))
     # packed / kbranch: states 0..width-1 are "left over after a = state + 1", state `width` is a fresh branch.
     size = width + 1
     transitions = [[0.0] * size for _ in range(size)]
@@ -109,7 +123,7 @@ def throughput(
     pi = stationary(transitions)
     tokens = sum(p * g for p, g in zip(pi, gains, strict=True))
     spent = sum(p * c for p, c in zip(pi, costs, strict=True))
-    return tokens / spent
+    return tokens, spent
 
 
 def stationary(transitions: list[list[float]]) -> list[float]:
@@ -150,8 +164,16 @@ def best(
     *,
     free_bonus: bool,
     k: int = 2,
+    correct: Callable[[str, float], float] | None = None,
 ) -> tuple[Candidate, dict[str, float]]:
-    """The candidate with the highest expected tokens per second, and every candidate's rate by label."""
-    rates = {c.label: throughput(c, q, seconds, rows, free_bonus=free_bonus, k=k) for c in candidates}
+    """The candidate with the highest expected tokens per second, and every candidate's rate by label.
+
+    ``correct(label, predicted seconds per call)``, when given, replaces a prediction with what calls of
+    that candidate were seen to take.
+    """
+    rates = {}
+    for c in candidates:
+        tokens, spent = steady_state(c, q, seconds, rows, free_bonus=free_bonus, k=k)
+        rates[c.label] = tokens / (correct(c.label, spent) if correct else spent)
     chosen = max(candidates, key=lambda c: (rates[c.label], -c.width))
     return chosen, rates

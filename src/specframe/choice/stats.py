@@ -93,3 +93,43 @@ class AcceptanceStats:
                 round(a / c, 4) if c else None for a, c in zip(accepted[1:], checked[1:], strict=True)
             ]
         return out
+
+
+class CallTimes:
+    """Seconds per call each candidate was seen to take, to correct the cost model's predictions.
+
+    The cost model is measured once, on synthetic calls; the decoder's real calls of a candidate also pay
+    for its layout, its acceptance and whatever else runs on the machine now. Each candidate's observed
+    seconds per call (an exponential average) replaces its prediction once it has been seen a few times;
+    candidates not seen yet are scaled by how far the seen ones were off, on average.
+
+    Args:
+        decay: Weight kept by the old average at each observation.
+        trust: Observations after which a candidate's own average counts as much as the prediction.
+    """
+
+    def __init__(self, *, decay: float = 0.9, trust: float = 3.0) -> None:
+        self.decay = decay
+        self.trust = trust
+        self._seconds: dict[str, float] = {}
+        self._counts: dict[str, float] = {}
+        self._ratios: dict[str, float] = {}
+
+    def observe(self, label: str, predicted: float | None, seconds: float) -> None:
+        """One call of ``label`` took ``seconds`` (predicted: ``predicted``, if known)."""
+        old = self._seconds.get(label)
+        self._seconds[label] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
+        self._counts[label] = self._counts.get(label, 0.0) + 1.0
+        if predicted:
+            self._ratios[label] = self._seconds[label] / predicted
+
+    def correct(self, label: str, predicted: float) -> float:
+        """The seconds per call to expect of ``label``, given the cost model's ``predicted``."""
+        ratios = sorted(self._ratios.values())
+        scale = min(max(ratios[len(ratios) // 2], 0.5), 3.0) if ratios else 1.0
+        guess = predicted * scale
+        seen = self._counts.get(label, 0.0)
+        if not seen:
+            return guess
+        weight = seen / (seen + self.trust)
+        return weight * self._seconds[label] + (1 - weight) * guess

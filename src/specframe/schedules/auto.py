@@ -14,6 +14,7 @@ under rejection sampling).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -22,7 +23,7 @@ import torch
 
 from specframe.acceptance.base import DraftRef, Proposals
 from specframe.choice.rates import Candidate, best
-from specframe.choice.stats import AcceptanceStats
+from specframe.choice.stats import AcceptanceStats, CallTimes
 from specframe.costs import CostModel
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult
@@ -122,12 +123,18 @@ class AutoSchedule(Schedule):
         self._probe_left = 0
         self.rates: dict[str, float] = {}
         self.choices: Counter[str] = Counter()
+        self._times: CallTimes | None = None
+        self._predicted: dict[str, float] = {}
+        self._timed: tuple[str, float] | None = None
 
     def bind(self, cost: CostModel, rows: Callable[[CallPlan], int]) -> None:
         """Give the schedule the machine's cost model and the family's row count of a plan (compose does)."""
         self.cost = cost
         self._rows_of_plan = rows
         self._rows.clear()
+        # A measured cost model is corrected by what calls are seen to take; a given one is taken as is
+        # (so that tests, and users who state their costs, get choices that do not depend on timing).
+        self._times = None if cost.source == "given" else CallTimes()
 
     def describe(self) -> dict[str, object]:
         """Name, candidates and the pooled acceptance by offset."""
@@ -148,11 +155,16 @@ class AutoSchedule(Schedule):
         """Choose the candidate for this call, then plan it with that schedule at that width."""
         if self.cost is None or self._rows_of_plan is None:
             raise RuntimeError("AutoSchedule needs bind(cost, rows) before use; compose() does this")
+        now = time.perf_counter()
         if state.first_call:
             self._start_request(state)
+        elif self._timed is not None and self._times is not None:  # the last call, planning to planning
+            label, started = self._timed
+            self._times.observe(label, self._predicted.get(label), now - started)
         keep = self._current is not None and self._current.kind == "linear" and state.drafts
         if not keep:  # Linear-SS's verification call keeps the width its drafting call had
             self._current = self._choose(state)
+        self._timed = None if state.first_call else (self._current.label, now)  # a prompt call is no sample
         state.width = max(self._current.width, 1)
         return self._schedules[self._current.kind].plan(state)
 
@@ -240,10 +252,16 @@ class AutoSchedule(Schedule):
             self._row_count,
             free_bonus=state.ctx.traits.free_bonus,
             k=self.k,
+            correct=self._correct,
         )
         self.rates.update(rates)
         self._since_refresh = 0
         return self._chosen
+
+    def _correct(self, label: str, predicted: float) -> float:
+        """Seconds per call of ``label``: the prediction, corrected by observed calls for a measured model."""
+        self._predicted[label] = predicted
+        return self._times.correct(label, predicted) if self._times is not None else predicted
 
     def _row_count(self, kind: str, width: int, kappa: int) -> int:
         """Rows of a steady-state call of ``kind`` at ``width`` verifying ``kappa`` drafts (memoised)."""
