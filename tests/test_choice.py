@@ -113,6 +113,27 @@ def test_kbranch_with_certain_drafts_keeps_drafting_full_windows():
     assert packed < kbranch
 
 
+def test_small_chains_are_solved_exactly_like_the_general_path():
+    import random
+
+    from specframe.choice import rates
+
+    rng = random.Random(0)
+    for size in (2, 5, 9):
+        matrix = [[rng.random() for _ in range(size)] for _ in range(size)]
+        matrix = [[v / sum(row) for v in row] for row in matrix]
+        small = rates._solve_small(matrix)
+        saved, rates.SMALL = rates.SMALL, 0
+        try:
+            general = rates.stationary(matrix)
+        finally:
+            rates.SMALL = saved
+        assert small == pytest.approx(general, abs=1e-9)
+        step = [sum(small[i] * matrix[i][j] for i in range(size)) for j in range(size)]
+        assert step == pytest.approx(small, abs=1e-9)  # stationary
+    assert rates._solve_small([[0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]]) is None  # two classes
+
+
 # -- the statistics --------------------------------------------------------------------------------------
 
 

@@ -50,14 +50,16 @@ def outcomes(offsets: Sequence[int], q: Sequence[float], num_verify: int) -> lis
     """``(tokens added, probability)`` of verifying a chain with ``offsets`` (``num_verify`` ranks scored)."""
     out = []
     survive = 1.0
-    kappa = len(offsets)
     last = len(q) - 1
-    for h in range(kappa + 1):
-        accept_next = q[min(offsets[h], last)] if h < kappa else 0.0
+    for h, offset in enumerate(offsets):
+        accept_next = q[offset if offset < last else last]
         p = survive * (1.0 - accept_next)
         if p > 0.0:
             out.append((h + 1 if h < num_verify else h, p))
         survive *= accept_next
+    if survive > 0.0:
+        h = len(offsets)
+        out.append((h + 1 if h < num_verify else h, survive))
     return out
 
 
@@ -135,6 +137,10 @@ def stationary(transitions: list[list[float]]) -> list[float]:
     size = len(transitions)
     if size == 1:
         return [1.0]
+    if size <= SMALL:
+        pi = _solve_small(transitions)
+        if pi is not None:
+            return pi
     matrix = torch.tensor(transitions, dtype=torch.float64).T - torch.eye(size, dtype=torch.float64)
     matrix[-1] = 1.0
     rhs = torch.zeros(size, dtype=torch.float64)
@@ -156,6 +162,37 @@ def stationary(transitions: list[list[float]]) -> list[float]:
     return (pi / pi.sum()).tolist()
 
 
+#: Chains up to this many states are solved in Python (a torch call costs more than the arithmetic).
+SMALL = 10
+
+
+def _solve_small(transitions: list[list[float]]) -> list[float] | None:
+    """Stationary distribution by Gaussian elimination with partial pivoting; ``None`` when singular."""
+    n = len(transitions)
+    # (P^T - I) pi = 0, with the last equation replaced by sum(pi) = 1.
+    a = [[transitions[j][i] - (1.0 if i == j else 0.0) for j in range(n)] + [0.0] for i in range(n - 1)]
+    a.append([1.0] * n + [1.0])
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        head = a[col]
+        inv = 1.0 / head[col]
+        for r in range(col + 1, n):
+            factor = a[r][col] * inv
+            if factor:
+                row = a[r]
+                for c in range(col, n + 1):
+                    row[c] -= factor * head[c]
+    pi = [0.0] * n
+    for r in range(n - 1, -1, -1):
+        pi[r] = (a[r][n] - sum(a[r][c] * pi[c] for c in range(r + 1, n))) / a[r][r]
+    pi = [max(p, 0.0) for p in pi]
+    total = sum(pi)
+    return [p / total for p in pi] if total > 0 else None
+
+
 def best(
     candidates: Sequence[Candidate],
     q: Mapping[str, Sequence[float]],
@@ -172,8 +209,15 @@ def best(
     that candidate were seen to take.
     """
     rates = {}
-    for c in candidates:
+    falling: dict[str, int] = {}
+    previous: dict[str, float] = {}
+    for c in sorted(candidates, key=lambda c: (c.kind, c.width)):
+        if falling.get(c.kind, 0) >= 2:  # throughput is unimodal in the width: two drops in a row end the scan
+            continue
         tokens, spent = steady_state(c, q, seconds, rows, free_bonus=free_bonus, k=k)
         rates[c.label] = tokens / (correct(c.label, spent) if correct else spent)
+        falling[c.kind] = falling.get(c.kind, 0) + 1 if rates[c.label] < previous.get(c.kind, 0.0) else 0
+        previous[c.kind] = rates[c.label]
+    candidates = [c for c in candidates if c.label in rates]
     chosen = max(candidates, key=lambda c: (rates[c.label], -c.width))
     return chosen, rates

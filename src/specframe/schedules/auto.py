@@ -15,7 +15,6 @@ under rejection sampling).
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -37,11 +36,11 @@ from specframe.state import DecodeState
 #: Largest width ``width: "auto"`` considers.
 AUTO_MAX_WIDTH = 16
 #: Calls between two re-estimations of the candidates' throughput (of the widths next to the current pick).
-REFRESH_CALLS = 8
+REFRESH_CALLS = 16
 #: Calls between two re-estimations of every candidate.
-FULL_SCAN_CALLS = 32
+FULL_SCAN_CALLS = 64
 #: How far from the current pick's width a re-estimation between full scans looks.
-NEIGHBOURHOOD = 2
+NEIGHBOURHOOD = 1
 #: Plain AR calls in a row after which a drafting call probes whether drafting pays again (AR calls
 #: check no drafts, so without probes the acceptance estimate would never change again).
 PROBE_AFTER = 16
@@ -121,8 +120,9 @@ class AutoSchedule(Schedule):
         self._ar_streak = 0
         self._probe: Candidate | None = None
         self._probe_left = 0
+        #: The latest throughput estimate (tokens per second) of each candidate, by label.
         self.rates: dict[str, float] = {}
-        self.choices: Counter[str] = Counter()
+        self._synthetic = None
         self._times: CallTimes | None = None
         self._predicted: dict[str, float] = {}
         self._timed: tuple[str, float] | None = None
@@ -182,7 +182,6 @@ class AutoSchedule(Schedule):
         self._offsets = _draft_offsets(state, plan)
         self._since_refresh += 1
         self._since_scan += 1
-        self.choices[self._current.label] += 1
         return accepted
 
     # -- choosing ----------------------------------------------------------------------------------------
