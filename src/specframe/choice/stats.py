@@ -123,6 +123,10 @@ class CallTimes:
         if predicted:
             self._ratios[label] = self._seconds[label] / predicted
 
+    def seen(self, label: str) -> bool:
+        """Whether a call of ``label`` has been timed."""
+        return label in self._counts
+
     def correct(self, label: str, predicted: float) -> float:
         """The seconds per call to expect of ``label``, given the cost model's ``predicted``."""
         ratios = sorted(self._ratios.values())

@@ -46,6 +46,9 @@ NEIGHBOURHOOD = 1
 PROBE_AFTER = 16
 #: Calls a probe lasts: the drafting call and the call that verifies its draft.
 PROBE_CALLS = 2
+#: A candidate never timed is tried (for PROBE_CALLS calls) when its estimate is within this share of the
+#: best one's: the cost model is a prediction, and only timed calls correct it.
+PLAUSIBLE = 0.6
 #: What ``schedule: "auto"`` chooses among.
 AUTO_KINDS = ("ar", "packed", "kbranch", "quadratic")
 
@@ -164,7 +167,9 @@ class AutoSchedule(Schedule):
         keep = self._current is not None and self._current.kind == "linear" and state.drafts
         if not keep:  # Linear-SS's verification call keeps the width its drafting call had
             self._current = self._choose(state)
-        self._timed = None if state.first_call else (self._current.label, now)  # a prompt call is no sample
+        # A call is timed from here (its choice made: a scan's cost is not the candidate's) to the next plan();
+        # a prompt call is no sample of a steady-state call.
+        self._timed = None if state.first_call else (self._current.label, time.perf_counter())
         state.width = max(self._current.width, 1)
         return self._schedules[self._current.kind].plan(state)
 
@@ -217,7 +222,12 @@ class AutoSchedule(Schedule):
             if not self._probe_left:
                 self._since_refresh = REFRESH_CALLS  # re-estimate with what the probe found
             return self._probe
+        refreshed = self._since_refresh >= REFRESH_CALLS or self._chosen is None
         chosen = self._estimate(state)
+        if refreshed and self._times is not None:
+            untimed = self._untimed(state, chosen)
+            if untimed is not None:
+                return self._start_probe(untimed)
         if chosen.kind != "ar":
             self._ar_streak = 0
             return chosen
@@ -226,9 +236,27 @@ class AutoSchedule(Schedule):
         if self._ar_streak < PROBE_AFTER or not drafting:
             return chosen
         self._ar_streak = 0
-        self._probe = max(drafting, key=lambda c: self.rates.get(c.label, 0.0))
+        return self._start_probe(max(drafting, key=lambda c: self.rates.get(c.label, 0.0)))
+
+    def _start_probe(self, candidate: Candidate) -> Candidate:
+        self._probe = candidate
         self._probe_left = PROBE_CALLS - 1
-        return self._probe
+        return candidate
+
+    def _untimed(self, state: DecodeState, chosen: Candidate) -> Candidate | None:
+        """The most promising candidate near the pick that was never timed, if it is plausible at all."""
+        best_rate = self.rates.get(chosen.label, 0.0)
+        near = [
+            c
+            for c in self.candidates(state.ctx.width)
+            if (c.kind == "ar" or abs(c.width - chosen.width) <= NEIGHBOURHOOD)
+            and c.label in self.rates
+            and not self._times.seen(c.label)
+            and self.rates[c.label] >= PLAUSIBLE * best_rate
+        ]
+        if not self._times.seen(chosen.label) or not near:
+            return None  # time the pick itself first
+        return max(near, key=lambda c: self.rates[c.label])
 
     def _estimate(self, state: DecodeState) -> Candidate:
         """The best candidate: re-estimated every REFRESH_CALLS calls, over all of them every FULL_SCAN_CALLS.
