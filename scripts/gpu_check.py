@@ -15,7 +15,13 @@ Parts:
     one, on the random Nemotron checkpoint, where only call costs mean anything);
 (c) a larger random-weight Nemotron-style model (about 1.2B parameters, bfloat16) whose forward is
     memory-bound: the time of one forward for the row counts of the AR / Linear-SS / Quadratic-SS / Packed-SS
-    calls, against weight bytes / device copy bandwidth (measured with a large tensor copy).
+    calls, against weight bytes / device copy bandwidth (measured with a large tensor copy), on the eager path
+    and on the compiled path (static-shape graphs, captured as CUDA graphs on CUDA: "graphs on");
+(d) the performance report of ``scripts/perf_report.py`` on the bundled model: transformers' ``generate``
+    vs specframe ``ar`` (eager and compiled), Packed-SS / Linear-SS vs ``ar``, the call-cost fit
+    ``tau + delta x rows``, the weight-streaming floor and the non-model share.
+
+With ``--quick`` the compiled path is left out (on a CPU each graph costs tens of seconds to compile).
 
 Writes ``gpu_check.json`` and ``gpu_check.md`` into OUT_DIR (plus the bench output folders).
 """
@@ -45,6 +51,8 @@ from specframe.models.hub import bundled_model, bundled_model_names
 from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
 
 SPECULATIVE = ("linear", "quadratic", "packed")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import perf_report  # noqa: E402  (the sibling script, for part (d))
 
 
 # --- helpers ------------------------------------------------------------------------------------------------
@@ -269,12 +277,25 @@ def memory_bound(folder: Path, device: str, quick: bool) -> dict[str, Any]:
     sweep = {1, 2, 4, 8, 16, 32, 64, 128, 256}
     sweep |= {int(s["rows_max"]) for s in shapes.values() if "rows_max" in s}
     timings = {r: forward_ms(model, cache, r, context, 3 if quick else 20) for r in sorted(sweep)}
+    graphs: dict[int, float] = {}
+    graph_note = "left out with --quick" if quick else None
+    if not quick:
+        try:
+            graphs = compiled_timings(model, shapes, context)
+        except Exception as exc:  # a compiler failure is a finding, not the end of the check
+            graph_note = f"compiled path failed: {type(exc).__name__}: {exc}"
+            log(graph_note)
     for shape in shapes.values():
         if "rows_max" in shape:
             shape["forward_ms"] = timings[int(shape["rows_max"])]
             shape["over_floor"] = shape["forward_ms"] / floor_ms
             shape["over_one_row"] = shape["forward_ms"] / timings[1]
+            if int(shape["rows_max"]) in graphs:
+                shape["graphs_ms"] = graphs[int(shape["rows_max"])]
+                shape["graphs_over_floor"] = shape["graphs_ms"] / floor_ms
     return {
+        "graphs_ms_by_rows": graphs,
+        "graphs_note": graph_note,
         "config": config,
         "weight_bytes": weight_bytes,
         "copy_bandwidth_gb_s": bandwidth / 1e9,
@@ -283,6 +304,28 @@ def memory_bound(folder: Path, device: str, quick: bool) -> dict[str, Any]:
         "forward_ms_by_rows": timings,
         "call_shapes": shapes,
     }
+
+
+def compiled_timings(model: Any, shapes: dict[str, dict[str, Any]], context: int) -> dict:
+    """Forward ms on the compiled path (CUDA graphs on CUDA) for each schedule's steady row count."""
+    model.enable_compiled()
+    rows = sorted({int(s["rows_max"]) for s in shapes.values() if "rows_max" in s})
+    cache = perf_report.prefilled_cache(model, context, context + max(rows))
+    started = time.perf_counter()
+    for r in rows:  # compile (the third call of a row count compiles it), untimed
+        forward_ms(model, cache, r, context, 2)
+    log(f"compiled graphs for rows {rows} in {time.perf_counter() - started:.0f} s")
+    timings = {r: forward_ms(model, cache, r, context, 20) for r in rows}
+    model.path = "eager"
+    return timings
+
+
+def perf_part(device: str, quick: bool) -> dict[str, Any]:
+    """Part (d): scripts/perf_report.py's figures on the bundled model."""
+    args = ["--device", device, "--json", "-"]
+    if quick:
+        args.append("--quick")
+    return perf_report.collect(perf_report.parse(args))
 
 
 # --- report -------------------------------------------------------------------------------------------------
@@ -345,6 +388,15 @@ def markdown(result: dict[str, Any]) -> str:
                 )
         lines += ["", "| rows | forward ms |", "| --- | --- |"]
         lines += [f"| {r} | {t:.3f} |" for r, t in mb["forward_ms_by_rows"].items()]
+        lines += ["", "Compiled path (graphs on; CUDA graphs on CUDA):", ""]
+        if mb.get("graphs_note"):
+            lines.append(f"- {mb['graphs_note']}")
+        lines += [
+            f"- {r} rows: {t:.3f} ms ({t / mb['floor_ms']:.2f} x floor)" for r, t in mb["graphs_ms_by_rows"].items()
+        ]
+    perf = result.get("perf")
+    if perf:
+        lines += ["", "## (d) Performance report (bundled model)", "", perf.get("text") or perf.get("error", "")]
     return "\n".join(lines) + "\n"
 
 
@@ -353,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="folder for gpu_check.json, gpu_check.md and bench outputs")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run of this script)")
     parser.add_argument("--device", help="default: cuda when available, else cpu")
-    parser.add_argument("--parts", default="a,b,c", help="which parts to run (default a,b,c)")
+    parser.add_argument("--parts", default="a,b,c,d", help="which parts to run (default a,b,c,d)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -382,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         "correctness": [],
         "bench": [],
         "memory_bound": None,
+        "perf": None,
     }
     if "a" in parts:
         log("(a) greedy correctness")
@@ -403,6 +456,13 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             result["memory_bound"] = None
             notes.append(f"part (c) failed: {type(exc).__name__}: {exc}")
+    if "d" in parts and bundled:
+        log("(d) performance report")
+        try:
+            result["perf"] = perf_part(device, args.quick)
+        except Exception as exc:
+            result["perf"] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=3)}
+            notes.append(f"part (d) failed: {type(exc).__name__}: {exc}")
     result["seconds"] = time.perf_counter() - started
     failures = [r for r in result["correctness"] if r.get("ok") is False]
     result["passed"] = not failures

@@ -22,10 +22,12 @@ generated code and only re-traces. On CUDA the graphs are also captured as CUDA 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import shutil
 import time
+import types
 import weakref
 from collections import Counter
 from collections.abc import Callable
@@ -94,6 +96,8 @@ class CompiledPath:
         self.eager_calls = 0
         self._pool: dict[int, tuple[torch.Tensor, torch.Tensor, weakref.ref | None]] = {}
         self._warm: set[tuple[int, int]] = set()
+        if self.cuda:
+            _mark_static(fast)
 
     # -- caches --------------------------------------------------------------------------------------------
     def new_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> KVCache:
@@ -127,10 +131,10 @@ class CompiledPath:
         self.seen[key] += 1
         if self.seen[key] < COMPILE_AFTER or len(self.graphs) >= MAX_GRAPHS:
             return None
-        _allow_recompiles()
         mode = "reduce-overhead" if self.cuda and self.backend == "inductor" else None
-        step = _StaticStep(self.fast)
-        self.graphs[key] = torch.compile(step, backend=self.backend, dynamic=False, fullgraph=True, mode=mode)
+        self.graphs[key] = functools.partial(
+            torch.compile(_fresh_step(), backend=self.backend, dynamic=False, fullgraph=True, mode=mode), self.fast
+        )
         return rows, self.graphs[key]
 
     def hidden(
@@ -148,6 +152,8 @@ class CompiledPath:
             fast.refresh()
             self.graphs.clear()  # graphs hold the weights they were traced with
             self._warm.clear()
+            if self.cuda:
+                _mark_static(fast)
         rows = input_ids.shape[0]
         found = None
         if cache.length > 0 and cache.length + rows <= cache.capacity:
@@ -179,15 +185,32 @@ class CompiledPath:
         return hidden.clone() if self.cuda else hidden  # CUDA graph outputs are overwritten by the next replay
 
 
-def _allow_recompiles(limit: int = 256) -> None:
-    """Raise dynamo's recompilation cap for the graphs' shared code object.
+def _mark_static(fast: FastForward) -> None:
+    """Mark every weight and table as a static address, so that CUDA graphs read them in place.
 
-    Every graph is a compilation of the same code object (one per row count, capacity and model), which
-    dynamo caps at 8 by default; each model still keeps at most :data:`MAX_GRAPHS` graphs.
+    The graphs receive the weights as inputs (attributes of ``fast``, not of an ``nn.Module``); without the
+    mark, a CUDA graph would copy every weight into its own buffers on every replay.
     """
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), limit))
+    tensors = [fast.embed, fast.final_norm, fast.head.weight, fast.tables.cos, fast.tables.sin, fast.tables.scale]
+    for layer in fast.layers:
+        tensors += [layer.input_norm, layer.post_norm, layer.qk_norm]
+        tensors += [p.weight for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if layer.lora is not None:
+            tensors += list(layer.lora.parameters())
+    for tensor in tensors:
+        if tensor is not None:
+            torch._dynamo.mark_static_address(tensor)
+
+
+def _fresh_step() -> Callable:
+    """A copy of :func:`_static_step` with its own code object.
+
+    Dynamo keeps compiled graphs per code object and checks their guards one after the other on every call;
+    giving each graph its own code object keeps that lookup to one entry (and clear of dynamo's cap of 8
+    recompilations per code object).
+    """
+    code = _static_step.__code__.replace()
+    return types.FunctionType(code, _static_step.__globals__, _static_step.__name__, _static_step.__defaults__)
 
 
 def _pad(
@@ -208,66 +231,62 @@ def _pad(
     return ids, positions, padded, adapter_rows
 
 
-class _StaticStep(torch.nn.Module):
-    """One call as a pure function of fixed-shape tensors (what ``torch.compile`` traces)."""
+def _static_step(
+    fast: FastForward,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention: torch.Tensor,
+    length: torch.Tensor,
+    cache_keys: torch.Tensor,
+    cache_values: torch.Tensor,
+    adapter_rows: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One call as a pure function of fixed-shape tensors (what ``torch.compile`` traces).
 
-    def __init__(self, fast: FastForward) -> None:
-        super().__init__()
-        self.fast = fast
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention: torch.Tensor,
-        length: torch.Tensor,
-        cache_keys: torch.Tensor,
-        cache_values: torch.Tensor,
-        adapter_rows: torch.Tensor | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Normalised hidden states ``[R, hidden]`` and the rows' keys and values ``[layers, R, kv, dim]``."""
-        fast = self.fast
-        rows, capacity = input_ids.shape[0], cache_keys.shape[1]
-        h, kv, d = fast.heads, fast.kv_heads, fast.head_dim
-        group, half = h // kv, d // 2
-        cos, sin, scale = fast.tables.lookup(position_ids)
-        cos, sin = cos[:, None], sin[:, None]
-        blocked = torch.tensor(float("-inf"), dtype=fast.dtype, device=input_ids.device)
-        zero = torch.zeros((), dtype=fast.dtype, device=input_ids.device)
-        visible = torch.arange(capacity, device=input_ids.device) < length
-        mask = torch.cat(
-            [torch.where(visible, zero, blocked).expand(rows, capacity), torch.where(attention, zero, blocked)], dim=1
-        ).repeat(group, 1)  # [group * rows, capacity + rows], query heads grouped by their kv head
-        softmax_dtype = torch.float32 if fast.wide else fast.dtype
-        x = F.embedding(input_ids, fast.embed)
-        new_keys, new_values = [], []
-        for index, layer in enumerate(fast.layers):
-            qkv = F.linear(fast._norm(x, layer.input_norm), layer.qkv.weight)
-            qk = qkv[:, : (h + kv) * d].view(rows, h + kv, d)
-            if layer.qk_norm is not None:
-                qk = fast._norm(qk, layer.qk_norm)
-            rotated = torch.cat([qk[..., half:], qk[..., :half]], dim=-1)
-            qk = qk * cos + rotated * sin
-            q, k = qk[:, :h], qk[:, h:]
-            if scale is not None:
-                q = q * scale[:, None, None]
-            v = qkv[:, (h + kv) * d :].view(rows, kv, d)
-            new_keys.append(k)
-            new_values.append(v)
-            grouped = q.reshape(rows, kv, group, d).permute(1, 2, 0, 3).reshape(kv, group * rows, d) * d**-0.5
-            cached_k = cache_keys[index].transpose(0, 1)  # [kv, capacity, d]
-            cached_v = cache_values[index].transpose(0, 1)
-            scores = torch.cat(
-                [grouped @ cached_k.transpose(1, 2), grouped @ k.permute(1, 2, 0)], dim=-1
-            )  # [kv, group * rows, capacity + rows]
-            weights = torch.softmax((scores + mask).to(softmax_dtype), dim=-1).to(fast.dtype)
-            out = weights[..., :capacity] @ cached_v + weights[..., capacity:] @ v.transpose(0, 1)
-            out = out.reshape(kv, group, rows, d).permute(2, 0, 1, 3).reshape(rows, h * d)
-            projected = F.linear(out, layer.o.weight)
-            if layer.lora is not None and adapter_rows is not None:
-                projected = torch.where(adapter_rows[:, None], projected + layer.lora(out), projected)
-            x = x + projected
-            gate_up = F.linear(fast._norm(x, layer.post_norm), layer.gate_up.weight)
-            inner = gate_up.shape[1] // 2
-            x = x + F.linear(F.silu(gate_up[:, :inner]) * gate_up[:, inner:], layer.down.weight)
-        return fast._norm(x, fast.final_norm), torch.stack(new_keys), torch.stack(new_values)
+    Returns:
+        Normalised hidden states ``[R, hidden]`` and the rows' keys and values ``[layers, R, kv, dim]``.
+    """
+    rows, capacity = input_ids.shape[0], cache_keys.shape[1]
+    h, kv, d = fast.heads, fast.kv_heads, fast.head_dim
+    group, half = h // kv, d // 2
+    cos, sin, scale = fast.tables.lookup(position_ids)
+    cos, sin = cos[:, None], sin[:, None]
+    blocked = torch.tensor(float("-inf"), dtype=fast.dtype, device=input_ids.device)
+    zero = torch.zeros((), dtype=fast.dtype, device=input_ids.device)
+    visible = torch.arange(capacity, device=input_ids.device) < length
+    mask = torch.cat(
+        [torch.where(visible, zero, blocked).expand(rows, capacity), torch.where(attention, zero, blocked)], dim=1
+    ).repeat(group, 1)  # [group * rows, capacity + rows], query heads grouped by their kv head
+    softmax_dtype = torch.float32 if fast.wide else fast.dtype
+    x = F.embedding(input_ids, fast.embed)
+    new_keys, new_values = [], []
+    for index, layer in enumerate(fast.layers):
+        qkv = F.linear(fast._norm(x, layer.input_norm), layer.qkv.weight)
+        qk = qkv[:, : (h + kv) * d].view(rows, h + kv, d)
+        if layer.qk_norm is not None:
+            qk = fast._norm(qk, layer.qk_norm)
+        rotated = torch.cat([qk[..., half:], qk[..., :half]], dim=-1)
+        qk = qk * cos + rotated * sin
+        q, k = qk[:, :h], qk[:, h:]
+        if scale is not None:
+            q = q * scale[:, None, None]
+        v = qkv[:, (h + kv) * d :].view(rows, kv, d)
+        new_keys.append(k)
+        new_values.append(v)
+        grouped = q.reshape(rows, kv, group, d).permute(1, 2, 0, 3).reshape(kv, group * rows, d) * d**-0.5
+        cached_k = cache_keys[index].transpose(0, 1)  # [kv, capacity, d]
+        cached_v = cache_values[index].transpose(0, 1)
+        scores = torch.cat(
+            [grouped @ cached_k.transpose(1, 2), grouped @ k.permute(1, 2, 0)], dim=-1
+        )  # [kv, group * rows, capacity + rows]
+        weights = torch.softmax((scores + mask).to(softmax_dtype), dim=-1).to(fast.dtype)
+        out = weights[..., :capacity] @ cached_v + weights[..., capacity:] @ v.transpose(0, 1)
+        out = out.reshape(kv, group, rows, d).permute(2, 0, 1, 3).reshape(rows, h * d)
+        projected = F.linear(out, layer.o.weight)
+        if layer.lora is not None and adapter_rows is not None:
+            projected = torch.where(adapter_rows[:, None], projected + layer.lora(out), projected)
+        x = x + projected
+        gate_up = F.linear(fast._norm(x, layer.post_norm), layer.gate_up.weight)
+        inner = gate_up.shape[1] // 2
+        x = x + F.linear(F.silu(gate_up[:, :inner]) * gate_up[:, inner:], layer.down.weight)
+    return fast._norm(x, fast.final_norm), torch.stack(new_keys), torch.stack(new_values)

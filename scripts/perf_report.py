@@ -1,0 +1,498 @@
+"""Where the time of a decode goes, from one run on one machine: model calls against the hardware floor.
+
+Usage::
+
+    python scripts/perf_report.py                          # the bundled model, float32, 128 new tokens
+    python scripts/perf_report.py --model setdlm-stdlib-tiny --json out.json
+    python scripts/perf_report.py --model /path/to/ckpt --dtype bfloat16 --no-compile
+    python scripts/perf_report.py --quick                  # a smoke run (few tokens, no compiled path)
+
+It prints, all measured in this one process with the runs interleaved (so that a busy machine slows every
+method alike; the ratios are what to read):
+
+1. the weight-streaming floor: the time of one 1-row product over a matrix holding as many bytes as the
+   model's weights, and the memory copy bandwidth;
+2. the call-cost fit ``time = tau + delta x rows`` of single model calls over a 128-row cache, per path
+   (``reference``: one op per checkpoint tensor; ``eager``: the default fast path; ``compiled``), the
+   1-row call against the floor, and the ridge point ``tau / delta`` (rows at which a call costs twice a
+   1-row call);
+3. greedy generation of ``--tokens`` tokens (EOS disabled, so every method makes the same number):
+   transformers' ``generate`` on the same weights (needs the ``bench`` extra), specframe ``ar`` on each
+   path, and Packed-SS / Linear-SS at W=4 and 8 on the eager and compiled paths, as tokens/s and ratios;
+4. the non-model share of wall time (``bench``'s ``non_model_share``) of each method.
+
+The first compiled call of each row count compiles a graph (tens of seconds on a small CPU; inductor caches
+the code on disk, so a second run only re-traces); that warm-up is reported separately and not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from specframe import compose
+from specframe.bench.output import machine_description
+from specframe.bench.tasks import get_task
+from specframe.models import load_model
+from specframe.models.hub import resolve_source
+
+CALL_ROWS = (1, 2, 4, 10, 18, 34)
+COMPILED_CALL_ROWS = (1, 10, 18)  # the steady rows of ar and Packed-SS W=4 / W=8 on Nemotron: graphs shared
+CONTEXT = 128
+PROMPT = "def fibonacci(n):\n    "
+
+
+def log(text: str) -> None:
+    print(f"[perf_report {time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --- 1. the floor -------------------------------------------------------------------------------------------
+def weight_bytes(model: Any) -> int:
+    """Bytes of the model's weights (each tensor once: fused projections are views of the module weights)."""
+    seen, total = set(), 0
+    for p in model.network.parameters():
+        key = (p.untyped_storage().data_ptr(), p.storage_offset(), p.numel())
+        if key not in seen:
+            seen.add(key)
+            total += p.numel() * p.element_size()
+    return total
+
+
+def streaming_floor(nbytes: int, dtype: torch.dtype, device: torch.device, repeats: int = 20) -> dict[str, float]:
+    """The time to stream ``nbytes`` of weights once: a 1-row product over one matrix of that size."""
+    width = 1024
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    matrix = torch.randn(max(1, nbytes // (itemsize * width)), width, device=device).to(dtype)
+    row = torch.randn(1, width, device=device).to(dtype)
+    copy_src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    copy_dst = torch.empty_like(copy_src)
+    times, copies = [], []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        F.linear(row, matrix)
+        sync(device)
+        times.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        copy_dst.copy_(copy_src)
+        sync(device)
+        copies.append(time.perf_counter() - start)
+    return {
+        "floor_ms": 1000 * min(times),
+        "floor_ms_median": 1000 * statistics.median(times),
+        "copy_gb_s": 2 * nbytes / min(copies) / 1e9,
+    }
+
+
+# --- 2. call costs ------------------------------------------------------------------------------------------
+def prefilled_cache(model: Any, context: int, capacity: int) -> Any:
+    device = model.device
+    cache = model.new_cache(capacity)
+    ids = torch.randint(0, model.vocab_size, (context,), device=device, generator=None)
+    model.forward(
+        cache,
+        ids,
+        torch.arange(context, device=device),
+        torch.ones(context, context, dtype=torch.bool, device=device).tril(),
+    )
+    cache.commit(list(range(context)))
+    return cache
+
+
+def call_ms(model: Any, cache: Any, rows: int, repeats: int) -> tuple[float, float]:
+    """``(fastest wall ms, median CPU ms)`` of a ``rows``-row causal call after the cache's rows.
+
+    The fastest of several calls is the cost without interference from other processes; the process CPU
+    time (all threads) is what the call costs the machine, whether or not it was preempted.
+    """
+    device = model.device
+    ids = torch.randint(0, model.vocab_size, (rows,), device=device)
+    positions = torch.arange(cache.length, cache.length + rows, device=device)
+    attention = torch.ones(rows, rows, dtype=torch.bool, device=device).tril()
+    walls, cpus = [], []
+    for _ in range(repeats):
+        sync(device)
+        start, cpu = time.perf_counter(), time.process_time()
+        model.forward(cache, ids, positions, attention)
+        sync(device)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - cpu)
+    return 1000 * min(walls), 1000 * statistics.median(cpus)
+
+
+def fit(rows: list[int], ms: list[float]) -> dict[str, float]:
+    """Least-squares ``ms = tau + delta * rows``, and the ridge point ``tau / delta``."""
+    n = len(rows)
+    mean_r, mean_t = sum(rows) / n, sum(ms) / n
+    var = sum((r - mean_r) ** 2 for r in rows)
+    delta = sum((r - mean_r) * (t - mean_t) for r, t in zip(rows, ms, strict=True)) / var if var else 0.0
+    tau = mean_t - delta * mean_r
+    return {"tau_ms": tau, "delta_ms": delta, "ridge_rows": tau / delta if delta > 0 else float("inf")}
+
+
+def call_costs(model: Any, paths: list[str], repeats: int, quick: bool) -> dict[str, dict[str, Any]]:
+    """Per path: median call time by row count (paths interleaved row count by row count) and the fit."""
+    out: dict[str, dict[str, Any]] = {}
+    caches = {}
+    for path in paths:
+        set_path(model, path)
+        caches[path] = prefilled_cache(model, CONTEXT, CONTEXT + max(CALL_ROWS))
+        rows = COMPILED_CALL_ROWS if path == "compiled" else CALL_ROWS
+        if path == "compiled":  # compile every measured row count now (untimed), then reuse the graphs
+            started = time.perf_counter()
+            for r in rows:
+                call_ms(model, caches[path], r, 4)  # the third call of a row count compiles its graph
+            log(f"compiled call graphs for rows {list(rows)} in {time.perf_counter() - started:.1f} s")
+        out[path] = {"ms_by_rows": {}, "cpu_ms_by_rows": {}}
+    for r in CALL_ROWS[:3] if quick else CALL_ROWS:
+        for path in paths:
+            if path == "compiled" and r not in COMPILED_CALL_ROWS:
+                continue
+            set_path(model, path)
+            call_ms(model, caches[path], r, 1)  # warm
+            out[path]["ms_by_rows"][r], out[path]["cpu_ms_by_rows"][r] = call_ms(model, caches[path], r, repeats)
+    for entry in out.values():
+        for key, fitted in (("ms_by_rows", "fit"), ("cpu_ms_by_rows", "cpu_fit")):
+            measured = entry[key]
+            if len(measured) >= 2:
+                entry[fitted] = fit(list(measured), list(measured.values()))
+    return out
+
+
+def set_path(model: Any, path: str) -> None:
+    if path == "compiled":
+        model.enable_compiled()
+    else:
+        model.path = path
+
+
+# --- 3. generation ------------------------------------------------------------------------------------------
+def transformers_model(model: Any, source: str | None) -> Any | None:
+    """The same weights in transformers' own implementation (Ministral3 / Qwen3), or ``None`` without it."""
+    try:
+        import transformers
+    except ImportError:
+        return None
+    folder = resolve_source(source, revision=None)
+    raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    state = {name: p.detach() for name, p in model.network.state_dict().items()}
+    d = model.network.config.dims
+    sizes = {
+        "vocab_size": d.vocab_size,
+        "hidden_size": d.hidden_size,
+        "intermediate_size": d.intermediate_size,
+        "num_hidden_layers": d.num_layers,
+        "num_attention_heads": d.num_heads,
+        "num_key_value_heads": d.num_kv_heads,
+        "head_dim": d.head_dim,
+        "rms_norm_eps": d.rms_norm_eps,
+        "max_position_embeddings": d.max_positions,
+        "tie_word_embeddings": model.network.head is None,
+    }
+    if model.family == "nemotron-labs-diffusion":  # Ministral3 has YaRN and the Llama-4 query scaling
+        config = transformers.Ministral3Config(**sizes, rope_parameters=raw["rope_parameters"])
+        cls = transformers.Ministral3ForCausalLM
+    else:
+        theta = raw.get("backbone_config", raw).get("rope_theta", 10000.0)
+        config = transformers.Qwen3Config(**sizes, rope_parameters={"rope_type": "default", "rope_theta": theta})
+        cls = transformers.Qwen3ForCausalLM
+    config.eos_token_id = None
+    config.pad_token_id = 0
+    hf = cls(config).eval().to(device=model.device, dtype=model.dtype)
+    renamed = {}
+    for name, tensor in state.items():
+        if name.startswith("body."):
+            renamed["model." + name[len("body.") :]] = tensor
+        elif name.startswith("head."):
+            renamed["lm_head." + name[len("head.") :]] = tensor
+    if "lm_head.weight" not in renamed:
+        renamed["lm_head.weight"] = renamed["model.embed_tokens.weight"]
+    hf.load_state_dict(renamed, strict=True)
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return hf
+
+
+def hf_generate(hf: Any, prompt_ids: list[int], tokens: int, eos: tuple[int, ...]) -> list[int]:
+    device = next(hf.parameters()).device
+    ids = torch.tensor([prompt_ids], device=device)
+    with torch.no_grad():
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=tokens,
+            do_sample=False,
+            eos_token_id=list(eos) or None,
+            pad_token_id=eos[0] if eos else 0,
+        )
+    sync(device)
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def smoke_prompts(model: Any, count: int) -> list[list[int]]:
+    """The first ``count`` prompts of the ``smoke`` task (random ids for a model without tokenizer)."""
+    if model.tokenizer is None:
+        generator = torch.Generator().manual_seed(0)
+        return [torch.randint(0, model.vocab_size, (12,), generator=generator).tolist() for _ in range(count)]
+    return [model.encode_prompt(e.prompt) for e in get_task("smoke").load()[:count]]
+
+
+def generation(
+    model: Any, source: str | None, paths: list[str], tokens: int, repeats: int, widths: list[int], prompts: int
+) -> dict[str, Any]:
+    """Tokens/s (wall and CPU time) and non-model share per method over the smoke prompts, greedy.
+
+    Each run decodes every prompt (up to ``tokens`` tokens, EOS ends a prompt's output as usual, so every
+    method produces the same tokens); methods are interleaved prompt by prompt in a rotating order, and the
+    fastest of ``repeats`` runs counts (the one least disturbed by other processes; the median is kept too).
+    """
+    prompt_ids = smoke_prompts(model, prompts)
+    methods: dict[str, tuple[str, str, int]] = {}
+    for path in paths:
+        methods[f"ar [{path}]"] = (path, "ar", 1)
+        if path != "reference":
+            for schedule in ("packed", "linear"):
+                for w in widths:
+                    methods[f"{schedule}/w{w} [{path}]"] = (path, schedule, w)
+    hf = transformers_model(model, source)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in methods}
+    outputs: dict[str, dict[int, list[int]]] = {}
+    if hf is not None:
+        runs["transformers generate"] = []
+    warm = time.perf_counter()
+    for path, schedule, width in methods.values():  # warm-up (compiles the graphs of the compiled path)
+        set_path(model, path)
+        decoder = compose({"model": model, "schedule": schedule, "width": width, "max_new_tokens": tokens})
+        for ids in prompt_ids:
+            decoder.generate(prompt_ids=ids)
+    log(f"warm-up generations (incl. compilation) took {time.perf_counter() - warm:.1f} s")
+    names = list(runs)
+    for repeat in range(repeats):
+        totals = {name: {"wall_s": 0.0, "cpu_s": 0.0, "tokens": 0} for name in names}
+        for index, ids in enumerate(prompt_ids):
+            turn = (repeat * len(prompt_ids) + index) % len(names)
+            for name in names[turn:] + names[:turn]:  # interleaved prompt by prompt, in a rotating order
+                total = totals[name]
+                sync(torch.device(model.device))
+                wall, cpu = time.perf_counter(), time.process_time()
+                if name == "transformers generate":
+                    out = hf_generate(hf, ids, tokens, model.eos_token_ids)
+                    total["wall_s"] += time.perf_counter() - wall
+                    total["cpu_s"] += time.process_time() - cpu
+                    total["tokens"] += len(out)
+                    outputs.setdefault(name, {})[index] = out
+                    continue
+                path, schedule, width = methods[name]
+                set_path(model, path)
+                decoder = compose({"model": model, "schedule": schedule, "width": width, "max_new_tokens": tokens})
+                result = decoder.generate(prompt_ids=ids)
+                total["wall_s"] += time.perf_counter() - wall
+                total["cpu_s"] += time.process_time() - cpu
+                m = result.metrics
+                total["tokens"] += m.generated_tokens
+                total["decoder_wall_s"] = total.get("decoder_wall_s", 0.0) + m.wall_s
+                total["model_s"] = total.get("model_s", 0.0) + m.model_s
+                total["nfe"] = total.get("nfe", 0) + m.nfe
+                outputs.setdefault(name, {})[index] = result.output_ids
+        for name in names:
+            runs[name].append(totals[name])
+    table = {}
+    for name, items in runs.items():
+        made = items[0]["tokens"]
+        table[name] = {
+            "tokens_per_s": made / min(r["wall_s"] for r in items),
+            "tokens_per_s_median": made / statistics.median(r["wall_s"] for r in items),
+            "tokens_per_cpu_s": made / min(r["cpu_s"] for r in items),
+            "tokens": made,
+            "nfe": items[0].get("nfe"),
+            "non_model_share": (
+                statistics.median(1 - r["model_s"] / r["decoder_wall_s"] for r in items)
+                if "model_s" in items[0]
+                else None
+            ),
+        }
+    reference = outputs.get("ar [eager]", [])
+    agree = {name: all(a == b for a, b in zip(outs, reference, strict=True)) for name, outs in outputs.items()}
+    return {"methods": table, "same_tokens_as_ar_eager": agree, "prompts": len(prompt_ids)}
+
+
+# --- report -------------------------------------------------------------------------------------------------
+def ratios(gen: dict[str, Any], paths: list[str], widths: list[int], key: str) -> dict[str, float]:
+    """Speed ratios (``key``: ``tokens_per_s`` or ``tokens_per_cpu_s``)."""
+    speed = {k: v[key] for k, v in gen["methods"].items()}
+    out = {}
+    hf = speed.get("transformers generate")
+    for path in paths:
+        ar = speed.get(f"ar [{path}]")
+        if hf and ar:
+            out[f"ar [{path}] / transformers"] = ar / hf
+        for schedule in ("packed", "linear"):
+            for w in widths:
+                s = speed.get(f"{schedule}/w{w} [{path}]")
+                if s and ar:
+                    out[f"{schedule}/w{w} / ar [{path}]"] = s / ar
+    if "ar [compiled]" in speed and "ar [eager]" in speed:
+        out["ar compiled / eager"] = speed["ar [compiled]"] / speed["ar [eager]"]
+    return out
+
+
+def _calls_table(result: dict[str, Any], key: str, fitted: str) -> list[str]:
+    floor = result["floor"]["floor_ms"]
+    header = (
+        "| path | "
+        + " | ".join(f"{r} rows" for r in CALL_ROWS)
+        + " | tau ms | delta ms/row | ridge rows | 1 row / floor |"
+    )
+    lines = [header, "|" + " --- |" * (len(CALL_ROWS) + 5)]
+    for path, entry in result["calls"].items():
+        measured = entry[key]
+        cells = [f"{measured[r]:.3f}" if r in measured else "-" for r in CALL_ROWS]
+        fit_ = entry.get(fitted, {})
+        one = measured.get(1)
+        lines.append(
+            f"| {path} | " + " | ".join(cells) + f" | {fit_.get('tau_ms', float('nan')):.3f} | "
+            f"{fit_.get('delta_ms', float('nan')):.4f} | {fit_.get('ridge_rows', float('nan')):.1f} | "
+            f"{(one / floor) if one else float('nan'):.2f} |"
+        )
+    return lines
+
+
+def render(result: dict[str, Any]) -> str:
+    """The report as Markdown."""
+    m, f = result["machine"], result["floor"]
+    lines = [
+        f"# specframe performance report: {result['model']} ({result['dtype']} on {result['device']}, "
+        f"{result['threads']} thread(s))",
+        "",
+        f"- machine: {m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}; load average at start "
+        f"{result['load_average']:.2f} (above 0 means other processes were running: read the ratios)",
+        f"- weights {result['weight_bytes'] / 2**20:.1f} MiB ({result['parameters'] / 1e6:.1f}M parameters, "
+        f"prepacked: {result['prepacked']}); weight-streaming floor {f['floor_ms']:.3f} ms (fastest 1-row product "
+        f"over as many bytes; median {f['floor_ms_median']:.3f}); copy bandwidth {f['copy_gb_s']:.1f} GB/s",
+        "",
+        f"## Model calls over a {CONTEXT}-row cache: fastest wall ms of {result['call_repeats']}",
+        "",
+        *_calls_table(result, "ms_by_rows", "fit"),
+        "",
+        "Process CPU ms (median; all threads): what the call costs the machine even when it is preempted.",
+        "",
+        *_calls_table(result, "cpu_ms_by_rows", "cpu_fit"),
+    ]
+    gen = result["generation"]
+    lines += [
+        "",
+        f"## Greedy generation: {gen['prompts']} smoke prompts, up to {result['tokens']} tokens each "
+        f"(fastest of {result['repeats']} interleaved runs)",
+        "",
+        "| method | tokens | NFE | tokens/s (wall) | median run | tokens/CPU-s | non-model | same as ar [eager] |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in gen["methods"].items():
+        lines.append(
+            f"| {name} | {row['tokens']} | {row['nfe'] or '-'} | {row['tokens_per_s']:.1f} | "
+            f"{row['tokens_per_s_median']:.1f} | "
+            f"{row['tokens_per_cpu_s']:.1f} | "
+            f"{'-' if row['non_model_share'] is None else format(row['non_model_share'], '.1%')} | "
+            f"{gen['same_tokens_as_ar_eager'].get(name, '-')} |"
+        )
+    lines += ["", "## Ratios (wall / CPU time)", ""]
+    for name, value in result["ratios"].items():
+        lines.append(f"- {name}: {value:.2f}x / {result['cpu_ratios'].get(name, float('nan')):.2f}x")
+    if result.get("compile_seconds") is not None:
+        lines.append(
+            f"- compiled-path warm-up (compilation, or loading it from inductor's disk cache): "
+            f"{result['compile_seconds']:.1f} s"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of this script."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", help="bundled model name, folder or Hub id (default: nemotron-stdlib-tiny)")
+    parser.add_argument("--dtype", help="default: float32 on the CPU, the checkpoint's dtype on a GPU")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per generation method")
+    parser.add_argument("--call-repeats", type=int, default=15, help="timed calls per row count")
+    parser.add_argument("--widths", default="4,8")
+    parser.add_argument("--prompts", type=int, default=4, help="smoke-task prompts per generation run")
+    parser.add_argument("--threads", type=int, help="torch threads (default: specframe's thread policy)")
+    parser.add_argument("--no-compile", action="store_true", help="leave out the compiled path")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 16 tokens, 1 repeat, no compiled path")
+    parser.add_argument("--json", help="also write the figures as JSON to this file ('-': do not)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tokens, args.repeats, args.call_repeats, args.no_compile, args.widths, args.prompts = (
+            16,
+            1,
+            3,
+            True,
+            "4",
+            2,
+        )
+    return args
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """Measure everything; the result holds the figures and the rendered report (``text``)."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model.check_inputs = False
+    compose({"model": model, "schedule": "ar", "threads": args.threads})  # applies the thread policy
+    widths = [int(w) for w in args.widths.split(",")]
+    paths = ["reference", "eager"] + ([] if args.no_compile else ["compiled"])
+    nbytes = weight_bytes(model)
+    log(f"{model.name}: {nbytes / 2**20:.1f} MiB of weights, {torch.get_num_threads()} thread(s), load {load:.2f}")
+    floor = streaming_floor(nbytes, model.dtype, torch.device(model.device))
+    calls = call_costs(model, paths, args.call_repeats, args.quick)
+    gen = generation(model, args.model, paths, args.tokens, args.repeats, widths, args.prompts)
+    result = {
+        "model": model.name,
+        "device": str(model.device),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "machine": machine_description(),
+        "load_average": load,
+        "parameters": model.num_parameters,
+        "weight_bytes": nbytes,
+        "floor": floor,
+        "calls": calls,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "call_repeats": args.call_repeats,
+        "generation": gen,
+        "ratios": ratios(gen, paths, widths, "tokens_per_s"),
+        "cpu_ratios": ratios(gen, paths, widths, "tokens_per_cpu_s"),
+        "compile_seconds": model.compiled.compile_seconds if model.compiled is not None else None,
+        "prepacked": model.fast.prepacked,
+    }
+    result["text"] = render(result)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    result = collect(args)
+    print(result["text"])
+    if args.json and args.json != "-":
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
