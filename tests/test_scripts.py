@@ -38,4 +38,3 @@ def test_gpu_check_quick_runs_on_the_cpu_and_reports_exactness(tmp_path):
     assert "ar [eager] / transformers" in perf["ratios"]
     markdown = (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
     assert "## (d) Performance report" in markdown and "## Model calls" in markdown and "## Ratios" in markdown
-

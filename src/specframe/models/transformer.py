@@ -241,9 +241,7 @@ class DecoderBackend(ModelBackend):
             InputError: If shapes disagree, a token id is outside the vocabulary, a position id is beyond
                 the model's context, or the cache does not belong to this model.
         """
-        check_call(
-            self, cache, input_ids, position_ids, attention, output_rows, adapter_rows, values=self.check_inputs
-        )
+        check_call(self, cache, input_ids, position_ids, attention, output_rows, adapter_rows, values=self.check_inputs)
         if self.path == "reference":
             logits = self._reference_forward(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
         elif self.path == "compiled" and self.compiled is not None:
