@@ -34,7 +34,7 @@ def test_gpu_check_quick_runs_on_the_cpu_and_reports_exactness(tmp_path):
     assert "error" not in perf, perf.get("error")
     same = perf["generation"]["same_tokens_as_ar_eager"]
     assert same.get("transformers generate") is True and all(same.values())
-    assert perf["floor"]["floor_ms"] > 0 and perf["calls"]["eager"]["ms_by_rows"][1] > 0
+    assert perf["floor"]["floor_ms"] > 0 and perf["calls"]["eager"]["ms_by_rows"]["1"] > 0  # JSON keys
     assert "ar [eager] / transformers" in perf["ratios"]
     markdown = (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
     assert "## (d) Performance report" in markdown and "## Model calls" in markdown and "## Ratios" in markdown

@@ -6,7 +6,10 @@ AVX-512 + AMX, 300 MiB L3), one thread, thread CPU time, torch 2.13, other jobs 
 
 * one 32000 x 1024 float32 matrix: ``F.linear`` 7.2 / 15.4 / 25.6 ms for 1 / 4 / 18 rows; the same matrix
   prepacked for oneDNN (``torch.ops.mkldnn._reorder_linear_weight`` + ``_linear_pointwise``) 7.0 / 12.3 /
-  18.2 ms; pre-transposed (``x @ weight_t``) 6.9 / 16.2 / 33.6 ms -- transposing never wins past 2 rows;
+  18.2 ms; pre-transposed (``x @ weight_t``) 6.9 / 16.2 / 33.6 ms -- transposing never wins past 2 rows.
+  ``weight.to_mkldnn()`` with ``torch._C._nn.mkldnn_linear`` needs the input converted to and from the
+  oneDNN layout on every call and lost to ``_linear_pointwise`` at every row count (54 against 41 ms for
+  18 rows, wall time), and to ``F.linear`` on small matrices;
 * in bfloat16 the prepacked kernel (AMX) costs 5.1 ms for 1 row and 6.1 ms for 18 rows, ``F.linear``
   6.5 / 13.9 ms;
 * whole calls of a 156M-parameter model over 256 cached rows, float32: prepacked 31 / 61 / 73 ms for
