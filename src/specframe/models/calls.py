@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from contextvars import ContextVar
 
 import torch
@@ -15,18 +13,27 @@ from specframe.models.cache import KVCache
 _CALLER_CHECKED: ContextVar[bool] = ContextVar("specframe_caller_checked", default=False)
 
 
-@contextmanager
-def caller_checked(checked: bool = True) -> Iterator[None]:
+class caller_checked:  # noqa: N801 - used like a function: ``with caller_checked(call.checked):``
     """Within the block, :func:`check_call` skips the value check (its host sync) when ``checked``.
 
     For a caller that validated token and position ids on the host before putting them on the device (the
-    decoder, for calls built from layout templates); shapes, dtypes and devices are still checked.
+    decoder, for calls built from layout templates); shapes, dtypes and devices are still checked. (A class
+    rather than a generator-based context manager: the decoder enters one per model call.)
+
+    Args:
+        checked: Whether the caller checked the values.
     """
-    token = _CALLER_CHECKED.set(checked)
-    try:
-        yield
-    finally:
-        _CALLER_CHECKED.reset(token)
+
+    __slots__ = ("checked", "token")
+
+    def __init__(self, checked: bool = True) -> None:
+        self.checked = checked
+
+    def __enter__(self) -> None:
+        self.token = _CALLER_CHECKED.set(self.checked)
+
+    def __exit__(self, *exc: object) -> None:
+        _CALLER_CHECKED.reset(self.token)
 
 
 def check_call(
