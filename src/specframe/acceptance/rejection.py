@@ -99,44 +99,62 @@ class RejectionSampling(AcceptanceRule):
         if type(self).propose is not RejectionSampling.propose or type(self).verify is not RejectionSampling.verify:
             return super().propose_and_verify(drafts, logits, num_verify, generator)
         probs = self.warp.probs(logits)
-        verdict = self._verify(drafts, probs[:num_verify], generator)
-        proposals = self._draw(probs[num_verify:], generator) if probs.shape[0] > num_verify else None
-        return proposals, verdict
+        target, drafter = probs[:num_verify], probs[num_verify:]
+        accepted, dist = self._judge(drafts, target, generator)
+        if not drafter.shape[0]:
+            return None, self._verdict(accepted, sample_rows(dist, generator), target)
+        # One draw per row for the verifier's token and the new drafts together (independent uniforms).
+        tokens = sample_rows(torch.cat([dist, drafter]), generator)
+        return self._proposals(drafter, tokens[1:]), self._verdict(accepted, tokens[:1], target)
 
     @staticmethod
     def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> Proposals:
-        tokens = sample_rows(probs, generator)
-        return Proposals(tokens=tokens.squeeze(-1), scores=probs.gather(-1, tokens).squeeze(-1), probs=probs)
+        return RejectionSampling._proposals(probs, sample_rows(probs, generator))
+
+    @staticmethod
+    def _proposals(probs: torch.Tensor, tokens: torch.Tensor) -> Proposals:
+        """Proposals of ``[k, 1]`` tokens drawn from ``probs`` (scores computed when asked for)."""
+        return Proposals(tokens=tokens.squeeze(-1), scores=lambda: probs.gather(-1, tokens).squeeze(-1), probs=probs)
 
     @staticmethod
     def _verify(drafts: Sequence[DraftRef], target: torch.Tensor, generator: torch.Generator | None) -> Verdict:
+        accepted, dist = RejectionSampling._judge(drafts, target, generator)
+        return RejectionSampling._verdict(accepted, sample_rows(dist, generator), target)
+
+    @staticmethod
+    def _judge(
+        drafts: Sequence[DraftRef], target: torch.Tensor, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """How many drafts are accepted (0-d) and the ``[1, V]`` weights the verifier's token is drawn from."""
         ranks, vocab = target.shape
         kappa = len(drafts)
-        device = target.device
-        if kappa:
-            tokens, proposal = _chain_proposals(drafts, vocab)
-            proposal = proposal.to(target.dtype)
-            p = target[:kappa].gather(-1, tokens).squeeze(-1)
-            q = proposal.gather(-1, tokens).squeeze(-1)
-            uniforms = torch.rand(kappa, generator=generator, device=device, dtype=target.dtype)
-            accepted = leading_true(uniforms * q < p)  # u < p/q without dividing (q > 0 for drawn tokens)
-            if ranks > kappa:  # the bonus rank has no proposal: its "residual" is p itself
-                proposal = torch.cat([proposal, proposal.new_zeros(ranks - kappa, vocab)])
-            # The rank the verifier's token goes to (clamped: after a full accept with no rank left the
-            # draw is discarded).
-            row = accepted.clamp(max=ranks - 1).view(1)
-            verifier = target.index_select(0, row)
-            residual = (verifier - proposal.index_select(0, row)).clamp_min(0.0)
-            # A rejection implies p(d) < q(d), so the residual has positive mass; guard rounding anyway.
-            dist = torch.where(residual.sum(-1, keepdim=True) > 0, residual, verifier)
-        else:
-            accepted = torch.zeros((), dtype=torch.int64, device=device)
-            dist = target[:1]
-        outcome = torch.cat([accepted.view(1), sample_rows(dist, generator).view(1)])
+        if not kappa:
+            return torch.zeros((), dtype=torch.int64, device=target.device), target[:1]
+        tokens, proposal = _chain_proposals(drafts, vocab)
+        proposal = proposal.to(target.dtype)
+        p = target[:kappa].gather(-1, tokens).squeeze(-1)
+        q = proposal.gather(-1, tokens).squeeze(-1)
+        uniforms = torch.rand(kappa, generator=generator, device=target.device, dtype=target.dtype)
+        accepted = leading_true(uniforms * q < p)  # u < p/q without dividing (q > 0 for drawn tokens)
+        if ranks > kappa:  # the bonus rank has no proposal: its "residual" is p itself
+            proposal = torch.cat([proposal, proposal.new_zeros(ranks - kappa, vocab)])
+        # The rank the verifier's token goes to (clamped: after a full accept with no rank left the draw is
+        # discarded).
+        row = accepted.clamp(max=ranks - 1).view(1)
+        verifier = target.index_select(0, row)
+        residual = (verifier - proposal.index_select(0, row)).clamp_min(0.0)
+        # A rejection implies p(d) < q(d), so the residual has positive mass; guard rounding anyway.
+        return accepted, torch.where(residual.sum(-1, keepdim=True) > 0, residual, verifier)
+
+    @staticmethod
+    def _verdict(accepted: torch.Tensor, token: torch.Tensor, target: torch.Tensor) -> Verdict:
+        """The deferred verdict of ``accepted`` drafts and the verifier's drawn ``[1, 1]`` token."""
+        ranks = target.shape[0]
+        outcome = torch.cat([accepted.view(1), token.view(1)])
 
         def resolve(values: list[list]) -> tuple[int, int | None]:
-            accepted, token = values[0]
-            return accepted, token if accepted < ranks else None
+            count, drawn = values[0]
+            return count, drawn if count < ranks else None
 
         return Verdict.deferred((outcome,), resolve, lambda: target.amax(-1))
 
