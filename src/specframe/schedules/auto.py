@@ -236,7 +236,10 @@ class AutoSchedule(Schedule):
         if self._ar_streak < PROBE_AFTER or not drafting:
             return chosen
         self._ar_streak = 0
-        return self._start_probe(max(drafting, key=lambda c: self.rates.get(c.label, 0.0)))
+        # Probe conservatively: the narrowest drafting candidate of the best schedule (its estimate is the
+        # least extrapolated from what AR calls left unobserved, and its calls cost the least if it fails).
+        top = max(drafting, key=lambda c: self.rates.get(c.label, 0.0))
+        return self._start_probe(min((c for c in drafting if c.kind == top.kind), key=lambda c: c.width))
 
     def _start_probe(self, candidate: Candidate) -> Candidate:
         self._probe = candidate
