@@ -10,7 +10,7 @@ from scipy import stats
 import specframe.hostread as hostread
 from decoding_helpers import NEMOTRON, SETDLM, eos_ids, tiny_model
 from specframe import compose
-from specframe.acceptance.base import Proposals, Verdict
+from specframe.acceptance.base import DraftRef, Proposals, Verdict
 from specframe.acceptance.greedy import GreedyAcceptance
 from specframe.acceptance.rejection import RejectionSampling, sample_rows
 from specframe.errors import InputError
@@ -206,3 +206,29 @@ def test_caller_checked_skips_only_the_value_check(models, host_reads):
         model.forward(model.new_cache(8), *bad)
     with caller_checked(True), pytest.raises(InputError, match="attention must be"):  # shapes still checked
         model.forward(model.new_cache(8), *args[:2], torch.ones(rows, rows + 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("top_k", [None, 6])
+def test_vectorised_rejection_accepts_at_the_exact_rate_and_emits_p(top_k):
+    """One draft d ~ q (the rule's own proposal) verified against p: P(accept) = sum min(p, q), output ~ p.
+
+    Runs the rule's one-pass step (``propose_and_verify``), which draws the verifier's token and the next
+    proposal together, so a bias in either draw or in the acceptance test shows up here.
+    """
+    rule = RejectionSampling(1.0, top_k)
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 12, generator=torch.Generator().manual_seed(11), dtype=torch.float64)
+    p, q = rule.warp.probs(logits[:1])[0], rule.warp.probs(logits[2:])[0]
+    trials, accepted = 6000, 0
+    emitted = np.zeros(12)
+    draft = rule.propose(logits[2:], generator)
+    for _ in range(trials):
+        proposals, verdict = rule.propose_and_verify((DraftRef(draft, 0),), logits, 2, generator)
+        accepted += verdict.accepted
+        emitted[draft.token_list[0] if verdict.accepted else verdict.token] += 1
+        draft = proposals  # the next trial's draft: drawn by the one-pass step from the same q
+    rate = float(torch.minimum(p, q).sum())
+    assert abs(accepted / trials - rate) < 4 * (rate * (1 - rate) / trials) ** 0.5
+    support = p.numpy() > 0
+    assert emitted[~support].sum() == 0
+    assert stats.chisquare(emitted[support], p.numpy()[support] * trials).pvalue > 1e-3
