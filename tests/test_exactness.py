@@ -214,7 +214,9 @@ def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
 @pytest.mark.parametrize("schedule", ["ar", "native", *SPECULATIVE], ids=str)
 def test_update_returns_the_accepted_drafts_of_its_call(models, family, schedule):
     """``Schedule.update`` reports the draft tokens it accepted, which is what the decoder keeps cached."""
-    decoder = compose({"model": models[family], "schedule": schedule, "width": 4, "max_new_tokens": 16})
+    # A fixed cost model: with the machine's own, "auto" may pick plain AR calls and accept no drafts.
+    config = {"model": models[family], "schedule": schedule, "width": 4, "max_new_tokens": 16, "cost": SYNTHETIC_COST}
+    decoder = compose(config)
     update = decoder.schedule.update
     seen = []
 
