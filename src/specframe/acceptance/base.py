@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import torch
 
+from specframe.acceptance.select import first_argmax  # noqa: F401 - re-exported (the greedy tie-breaking)
 from specframe.hostread import DeferredRead
 
 
@@ -265,15 +266,6 @@ def chain_rows(drafts: Sequence[DraftRef]) -> list[tuple[Proposals, torch.Tensor
 def leading_true(flags: torch.Tensor) -> torch.Tensor:
     """How many leading entries of a 1-D boolean tensor are ``True``, as a 0-d int64 tensor (no host sync)."""
     return flags.to(torch.int64).cumprod(0).sum()
-
-
-def first_argmax(logits: torch.Tensor) -> torch.Tensor:
-    """``[k]`` index of each row's largest entry, the lowest one among ties.
-
-    These are ``torch.max``'s indices, which ``torch.argmax`` is documented to return; on CPUs ``max`` costs
-    about half as much.
-    """
-    return logits.max(dim=-1).indices
 
 
 def top_probability(logits: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,21 @@ from collections.abc import Sequence
 import torch
 
 from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, chain_rows, leading_true
+from specframe.acceptance.select import kth_largest
 from specframe.hookspecs import hookimpl
+
+#: Subtracted from the logits that top-k drops: their softmax weight underflows to exactly 0, as with -inf.
+MASKED = 1e30
+
+
+def _below(scaled: torch.Tensor, kth: torch.Tensor) -> torch.Tensor:
+    """1 where ``scaled < kth``, else 0, in ``scaled``'s dtype.
+
+    Arithmetic (``sign(max(kth - x, 0))``) instead of a comparison: on a CPU, ops with a boolean result
+    and ``masked_fill`` run scalar loops, several times slower. ``nan_to_num`` keeps ``-inf`` logits under a
+    ``-inf`` threshold (``-inf - -inf`` is NaN) where a comparison keeps them.
+    """
+    return (kth - scaled).clamp_min_(0).sign_().nan_to_num_(0.0)
 
 
 class SamplingWarp:
@@ -46,8 +60,8 @@ class SamplingWarp:
         if self.top_k is not None and self.top_k < scaled.shape[-1]:
             # Tokens tied with the k-th largest logit are all kept, so the truncation is a function of the
             # logits alone (no dependence on how a kernel breaks ties).
-            kth = torch.topk(scaled, self.top_k, dim=-1).values[..., -1:]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+            kth = kth_largest(scaled.reshape(-1, scaled.shape[-1]), self.top_k).view(*scaled.shape[:-1], 1)
+            scaled = scaled.sub(_below(scaled, kth), alpha=MASKED)
         probs = torch.softmax(scaled, dim=-1)
         if self.top_p is not None:
             sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)

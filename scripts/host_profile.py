@@ -1,0 +1,218 @@
+"""The decoder's host work per model call, measured with the model taken out.
+
+Usage::
+
+    python scripts/host_profile.py                                   # ar, packed W=8; greedy, both models
+    python scripts/host_profile.py --sampled                         # rejection sampling, top-k 20
+    python scripts/host_profile.py --model setdlm-stdlib-tiny --order confidence
+    python scripts/host_profile.py --methods packed:8 --cprofile 25  # plus the 25 costliest functions
+
+Each method decodes a few prompts once with the model, recording every call's logits; then the same
+requests are decoded again with the model's forward replaced by a lookup of the recorded logits (the KV cache
+is reserved as a forward would, so the commits do their real work). The replay must make the same calls and
+produce the same tokens (the script fails otherwise). Its wall time is host work only: planning, layout,
+acceptance and bookkeeping, what ``bench``'s ``non_model_share`` counts. Because no model runs, the figure
+barely depends on other load on the machine; the fastest of ``--repeats`` replays is reported, in
+microseconds per call, split by part of the loop:
+
+* ``plan``: ``schedule.plan`` (the verification window, the order, the plan record);
+* ``layout``: ``builder.physical`` (the template lookup, the ids and positions copied to the device);
+* ``read``: ``builder.read`` (the logits split into verifier and drafter rows);
+* ``update``: ``schedule.update`` (acceptance, the one host read, state bookkeeping, the next draft);
+* ``commit``: the KV cache commit of accepted rows;
+* ``loop``: the rest of the decoder loop (clocks, metrics, the checked-call context).
+
+A real forward streams the model's weights through the caches, so the host work after it runs with cold
+caches, 2-5x slower than in a warm replay. ``--cold`` emulates that: each replayed call first reads a buffer
+as large as the model's weights (that read is not counted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from specframe import compose
+from specframe.bench.tasks import get_task
+from specframe.decoder import Decoder
+from specframe.models import load_model
+
+PARTS = ("plan", "layout", "read", "update", "commit")
+
+
+class Replay:
+    """Records a model's logits per call, then serves them back in the same order instead of running it."""
+
+    def __init__(self, model: Any, cold: bool = False) -> None:
+        self.model = model
+        self.forward = model.forward
+        self.calls: list[torch.Tensor] = []
+        self.index = 0
+        self.flush = None
+        if cold:
+            nbytes = sum(p.numel() * p.element_size() for p in weights(model))
+            self.flush = torch.ones(max(nbytes // 4, 1))
+
+    def record(self, cache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
+        logits = self.forward(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
+        self.calls.append(logits.clone())
+        return logits
+
+    def replay(self, cache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
+        if self.flush is not None:
+            started = time.perf_counter()
+            self.flush.sum()
+            self.flushed += time.perf_counter() - started
+        logits = self.calls[self.index]
+        self.index += 1
+        cache.reserve(input_ids.shape[0])
+        return logits
+
+    flushed = 0.0
+
+
+def weights(model: Any) -> list[torch.Tensor]:
+    """The model's parameter tensors (those of its ``torch.nn.Module``, if it exposes one)."""
+    for value in vars(model).values():
+        if isinstance(value, torch.nn.Module):
+            return list(value.parameters())
+    return [v for v in vars(model).values() if isinstance(v, torch.Tensor)]
+
+
+def timed(parts: dict[str, float], name: str, function: Callable) -> Callable:
+    """``function`` with its time added to ``parts[name]``."""
+    clock = time.perf_counter
+
+    def wrapper(*args, **kwargs):
+        started = clock()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            parts[name] += clock() - started
+
+    return wrapper
+
+
+def instrument(decoder: Decoder, parts: dict[str, float]) -> None:
+    """Time the loop's parts (the wrappers add well under a microsecond each)."""
+    schedule, builder = decoder.schedule, decoder.builder
+    schedule.plan = timed(parts, "plan", type(schedule).plan.__get__(schedule))
+    schedule.update = timed(parts, "update", type(schedule).update.__get__(schedule))
+    builder.physical = timed(parts, "layout", type(builder).physical.__get__(builder))
+    builder.read = timed(parts, "read", type(builder).read.__get__(builder))
+    decoder._commit = timed(parts, "commit", Decoder._commit)
+
+
+def profile_method(
+    model: Any, prompts: list[list[int]], config: dict[str, Any], repeats: int, cprofile: int, cold: bool = False
+) -> dict[str, Any]:
+    """Record one run of ``config`` over ``prompts``, replay it ``repeats`` times; host µs per call by part."""
+    decoder = compose({**config, "model": model})
+    replay = Replay(model, cold)
+    model.forward = replay.record
+    try:
+        expected = [decoder.generate(prompt_ids=p).output_ids for p in prompts]
+    finally:
+        del model.forward
+    best: dict[str, float] | None = None
+    stats_text = ""
+    attempts = repeats + 1 + bool(cprofile)  # the first replay warms templates up, untimed; the last is profiled
+    parts: dict[str, float] = {}
+    traced = compose({**config, "model": model})  # one decoder, as bench composes: templates are kept
+    instrument(traced, parts)
+    for attempt in range(attempts):
+        parts.update(dict.fromkeys((*PARTS, "wall"), 0.0))
+        replay.index = 0
+        replay.flushed = 0.0
+        model.forward = replay.replay
+        profiler = cProfile.Profile() if cprofile and attempt == attempts - 1 else None
+        calls = 0
+        try:
+            if profiler:
+                profiler.enable()
+            for prompt, tokens in zip(prompts, expected, strict=True):
+                result = traced.generate(prompt_ids=prompt)
+                if result.output_ids != tokens:
+                    raise SystemExit(f"replay of {config} diverged from the recorded run")
+                parts["wall"] += result.metrics.wall_s
+                calls += result.metrics.nfe
+            if profiler:
+                profiler.disable()
+        finally:
+            del model.forward
+        if replay.index != len(replay.calls):
+            raise SystemExit(f"replay of {config} made {replay.index} calls, the recorded run {len(replay.calls)}")
+        parts["wall"] -= replay.flushed
+        per_call = {k: v / calls * 1e6 for k, v in parts.items()}
+        per_call["loop"] = per_call["wall"] - sum(per_call[p] for p in PARTS)
+        if profiler:
+            out = io.StringIO()
+            pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(cprofile)
+            stats_text = out.getvalue()
+        elif attempt and (best is None or per_call["wall"] < best["wall"]):
+            best = per_call
+    assert best is not None
+    return {"calls_per_run": len(replay.calls), "us_per_call": best, "cprofile": stats_text}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", action="append", help="model(s); default both bundled models")
+    parser.add_argument("--methods", default="ar,packed:8", help="schedule[:width], comma-separated")
+    parser.add_argument("--order", default=None, help="order (default: ltr; confidence on setdlm models)")
+    parser.add_argument("--sampled", action="store_true", help="rejection sampling, temperature 1, top-k 20")
+    parser.add_argument("--top-k", type=int, default=20, help="top-k of --sampled (0: none)")
+    parser.add_argument("--top-p", type=float, default=None, help="top-p of --sampled")
+    parser.add_argument("--prompts", type=int, default=4, help="humaneval prompts to decode")
+    parser.add_argument("--tokens", type=int, default=128, help="max new tokens")
+    parser.add_argument("--repeats", type=int, default=5, help="timed replays (the fastest is reported)")
+    parser.add_argument("--cold", action="store_true", help="flush the caches before each call, as a forward does")
+    parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the N costliest functions")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    models = args.model or ["nemotron-stdlib-tiny", "setdlm-stdlib-tiny"]
+    acceptance: Any = "greedy"
+    if args.sampled:
+        acceptance = {"name": "rejection", "temperature": 1.0, "top_k": args.top_k or None, "top_p": args.top_p}
+    examples = get_task("humaneval").load(None)
+    caches = "cold caches" if args.cold else "warm caches"
+    print(f"host work per call, model replayed (µs, {caches}); {args.prompts} humaneval prompts, {args.tokens} tokens")
+    header = " ".join(f"{p:>7}" for p in (*PARTS, "loop"))
+    print(f"{'model':22} {'method':10} {'order':10} {'calls':>5} {header}   total")
+    for name in models:
+        model = load_model(name)
+        prompts = [model.encode_prompt(ex.prompt) for ex in examples[: args.prompts]]
+        order = args.order or ("confidence" if "setdlm" in name else "ltr")
+        for method in args.methods.split(","):
+            schedule, _, width = method.partition(":")
+            config = {
+                "schedule": schedule,
+                "width": int(width) if width else 1,
+                "order": order if width else "ltr",
+                "acceptance": acceptance,
+                "max_new_tokens": args.tokens,
+                "seed": 0,
+            }
+            result = profile_method(model, prompts, config, args.repeats, args.cprofile, args.cold)
+            row = result["us_per_call"]
+            cells = " ".join(f"{row[p]:7.1f}" for p in (*PARTS, "loop"))
+            label = config["order"]
+            print(f"{name:22} {method:10} {label:10} {result['calls_per_run']:5d} {cells} {row['wall']:7.1f}")
+            if result["cprofile"]:
+                print(result["cprofile"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Row-wise selections over logits, exact and cheap on CPUs: the first argmax and the k-th largest value.
+
+On a CPU, reductions that track an index (``max`` with indices, ``argmax``, ``topk``) run a scalar loop per
+element, about 8x slower than a plain ``amax`` (measured on the 2-core development machine: 40-60 µs for the
+17 x 2048 logits of a Packed-SS W=8 call against 5 µs). Both selections here therefore first reduce each
+row to a few candidates with vectorised ``amax`` over chunks and run the indexed reduction on those only.
+The results are exactly those of the plain reductions, ties included; rows too small to pay for the extra
+ops take the plain path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+#: Below this many logits a call's argmax takes the plain ``max`` (the chunked one costs ~4 ops more).
+CHUNKED_ARGMAX_MIN = 32_768
+
+#: Below this many values the k-th largest value is a plain ``topk``.
+CHUNKED_TOPK_MIN = 8_192
+
+
+def _power_of_two_divisor(size: int, target: float) -> int | None:
+    """The power of two nearest ``target`` (within 4x) that divides ``size``, or ``None``."""
+    best = None
+    for exponent in range(1, 21):
+        chunk = 1 << exponent
+        if size % chunk or not target / 4 <= chunk <= target * 4:
+            continue
+        if best is None or abs(math.log(chunk / target)) < abs(math.log(best / target)):
+            best = chunk
+    return best
+
+
+def first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``[k]`` index of each row's largest entry, the lowest one among ties (``torch.argmax``'s indices).
+
+    Large inputs are cut into chunks of consecutive entries: a vectorised ``amax`` per chunk, the first
+    chunk holding the row's maximum (``max`` over the chunk maxima), then the first maximum inside it. The
+    first chunk that holds the maximum holds its first occurrence, so the index is exactly ``max``'s.
+    """
+    rows, vocab = logits.shape
+    length = _power_of_two_divisor(vocab, math.sqrt(vocab)) if rows * vocab >= CHUNKED_ARGMAX_MIN else None
+    if length is None or not logits.is_contiguous():
+        return logits.max(dim=-1).indices
+    chunks = logits.view(rows, vocab // length, length)
+    chunk = chunks.amax(-1).max(-1, keepdim=True).indices  # [rows, 1]
+    inside = chunks.gather(1, chunk.unsqueeze(-1).expand(rows, 1, length)).squeeze(1)
+    return inside.max(-1).indices.add_(chunk.squeeze(-1), alpha=length)
+
+
+def kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:
+    """``[rows, 1]``: the ``k``-th largest entry of each row of ``[rows, V]`` values (``1 <= k <= V``).
+
+    Counted with multiplicity, so it equals ``torch.topk(values, k).values[:, -1:]``. For a large ``V`` the
+    row is split into ``C`` interleaved chunks (entries ``c, c + C, c + 2C, ...``): the ``k`` chunks with the
+    largest maxima hold at least ``k`` entries >= the row's ``k``-th largest (if an entry that large lies in
+    another chunk, each of the ``k`` chunks' maxima is at least as large; otherwise all of them lie in these
+    chunks), so the ``k``-th largest of their union is the row's. Two small ``topk`` then replace one over
+    ``V``.
+    """
+    rows, vocab = values.shape
+    count = None
+    if rows * vocab >= CHUNKED_TOPK_MIN and values.is_contiguous():
+        count = _power_of_two_divisor(vocab, math.sqrt(k * vocab))
+    if count is None or count <= k or k * (vocab // count) * 2 > vocab:
+        return torch.topk(values, k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
+    length = vocab // count
+    interleaved = values.view(rows, length, count)  # column c holds chunk c
+    best = interleaved.amax(1).topk(k, dim=-1, sorted=False).indices  # [rows, k]
+    union = interleaved.gather(2, best.unsqueeze(1).expand(rows, length, k))
+    return union.view(rows, length * k).topk(k, dim=-1, sorted=False).values.amin(-1, keepdim=True)
