@@ -248,32 +248,35 @@ class Decoder:
         # Each call resolves at least one position or is a drafting-only call followed by one that does;
         # a schedule that loops without progress is a bug, reported instead of hanging.
         budget = 4 * (state.max_new_tokens + 2) * max(self.width, 1) + 8
-        self._sync()
-        started = time.perf_counter()
+        clock, sync = time.perf_counter, self._sync
+        rows_per_call, choices = metrics.rows_per_call, metrics.choices
+        sync()
+        started = clock()
         while not state.done:
             if metrics.nfe >= budget:
                 raise RuntimeError(f"schedule {schedule.name!r} made no progress after {metrics.nfe} calls")
             plan = schedule.plan(state)
             call = builder.physical(plan)
-            forward_started = time.perf_counter()
+            ids = call.input_ids
+            forward_started = clock()
             with caller_checked(call.checked):
                 logits = model.forward(
-                    cache, call.input_ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
+                    cache, ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
                 )
-            self._sync()
-            metrics.model_s += time.perf_counter() - forward_started
+            sync()
+            metrics.model_s += clock() - forward_started
             metrics.nfe += 1
-            metrics.rows_per_call.append(call.num_rows)
-            metrics.choices.append((schedule.label(), plan.width))
+            rows_per_call.append(ids.shape[0])
+            choices.append((schedule.label(), plan.width))
             result = builder.read(call, logits)
             drafts_accepted = schedule.update(state, plan, result)
             state.calls += 1
             self._commit(state, call, cache, drafts_accepted)
-            metrics.wall_s += time.perf_counter() - started
+            metrics.wall_s += clock() - started
             yield
-            started = time.perf_counter()
-        self._sync()
-        metrics.wall_s += time.perf_counter() - started
+            started = clock()
+        sync()
+        metrics.wall_s += clock() - started
 
     @staticmethod
     def _commit(state: DecodeState, call: PhysicalCall, cache: KVCache, drafts_accepted: int) -> None:
@@ -284,10 +287,12 @@ class Decoder:
         layouts expect (appendix D).
         """
         plan = call.plan
-        allowed = {p for p, _ in plan.pending} | set(plan.chain_positions[:drafts_accepted])
+        allowed = {p for p, _ in plan.pending}
+        allowed.update(plan.order[: min(drafts_accepted, len(plan.chain))])
         rows, positions = [], []
+        accepted, start, prompt = state.tokens, state.start, state.prompt
         for position, (row, token) in call.commit_rows.items():
-            if position in allowed and state.is_resolved(position) and state.token_at(position) == token:
+            if position in allowed and (prompt[position] if position < start else accepted.get(position)) == token:
                 rows.append(row)
                 positions.append(position)
         cache.commit(rows, positions)

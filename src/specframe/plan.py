@@ -117,11 +117,10 @@ class PhysicalCall:
         return int(self.input_ids.shape[0])
 
 
-@dataclass
 class CallResult:
     """Model outputs of one call, in plan terms.
 
-    Attributes:
+    Args:
         verify_logits: ``[num_verify, V]`` verifier logits, one row per rank.
         draft_logits: per draft group, ``[len(targets), V]`` drafter logits, one row per target.
         logits: Every returned row when ``verify_logits`` and the groups' ``draft_logits`` are consecutive
@@ -129,6 +128,45 @@ class CallResult:
             ``None``.
     """
 
-    verify_logits: torch.Tensor
-    draft_logits: tuple[torch.Tensor, ...]
-    logits: torch.Tensor | None = None
+    __slots__ = ("_draft_logits", "_slices", "_verify_logits", "logits")
+
+    def __init__(
+        self,
+        verify_logits: torch.Tensor,
+        draft_logits: tuple[torch.Tensor, ...],
+        logits: torch.Tensor | None = None,
+    ) -> None:
+        self._verify_logits: torch.Tensor | None = verify_logits
+        self._draft_logits: tuple[torch.Tensor, ...] | None = tuple(draft_logits)
+        self._slices: tuple[slice, tuple[slice, ...]] | None = None
+        self.logits = logits
+
+    @classmethod
+    def sliced(cls, logits: torch.Tensor, verify: slice, drafts: tuple[slice, ...]) -> CallResult:
+        """The result whose verifier and drafter logits are the rows ``verify`` and ``drafts`` of ``logits``.
+
+        The slices are taken when first read: a rule that works on :attr:`logits` in one pass never pays for
+        them (on a CPU each tensor slice costs a few microseconds of dispatch).
+        """
+        result = cls.__new__(cls)
+        result._verify_logits = None
+        result._draft_logits = None
+        result._slices = (verify, drafts)
+        result.logits = logits
+        return result
+
+    @property
+    def verify_logits(self) -> torch.Tensor:
+        """``[num_verify, V]`` verifier logits, one row per rank."""
+        if self._verify_logits is None:
+            rows = self._slices[0]
+            whole = rows.start in (0, None) and rows.stop == self.logits.shape[0] and rows.step in (1, None)
+            self._verify_logits = self.logits if whole else self.logits[rows]
+        return self._verify_logits
+
+    @property
+    def draft_logits(self) -> tuple[torch.Tensor, ...]:
+        """Per draft group, ``[len(targets), V]`` drafter logits, one row per target."""
+        if self._draft_logits is None:
+            self._draft_logits = tuple(self.logits[s] for s in self._slices[1])
+        return self._draft_logits

@@ -172,22 +172,26 @@ class DecodeState:
             How many of ``pairs`` are kept.
         """
         new: list[int] = []
+        tokens, eos, end = self.tokens, self.ctx.eos_token_ids, self.end
         for position, token in pairs:
             if position > self.end:
                 continue
-            if self.is_resolved(position):
+            if position < self.start or position in tokens:
                 raise RuntimeError(f"position {position} is already resolved; a schedule accepted it twice")
-            self.tokens[position] = int(token)
+            tokens[position] = int(token)
             self._generation.append(position)
             new.append(position)
-            if token in self.ctx.eos_token_ids:
+            if token in eos:
                 self.end = min(self.end, position)
-        self._apply_stop_sequences(new)
-        self._prune_beyond_end()
+        if self.ctx.stop_sequences:
+            self._apply_stop_sequences(new)
+        if self.end < end:  # tokens beyond ``end`` exist only if this call moved it
+            self._prune_beyond_end()
+        drafts, scores = self.drafts, self.scores
         for position in new:
-            self.drafts.pop(position, None)
-            self.scores.pop(position, None)
-        return sum(1 for p in new if p in self.tokens)
+            drafts.pop(position, None)
+            scores.pop(position, None)
+        return sum(1 for p in new if p in tokens)
 
     def mark_cached(self, positions: Iterable[int]) -> None:
         """Record that ``positions`` now have their keys and values in the KV cache."""
@@ -195,8 +199,9 @@ class DecodeState:
 
     def set_drafts(self, drafts: dict[int, DraftRef], scores: dict[int, float]) -> None:
         """Replace the stored draft with new draft tokens (kept only at unresolved positions <= end)."""
-        self.drafts = {p: d for p, d in drafts.items() if p <= self.end and not self.is_resolved(p)}
-        self.scores = {p: s for p, s in scores.items() if p <= self.end and not self.is_resolved(p)}
+        tokens, start, end = self.tokens, self.start, self.end
+        self.drafts = {p: d for p, d in drafts.items() if start <= p <= end and p not in tokens}
+        self.scores = {p: s for p, s in scores.items() if start <= p <= end and p not in tokens} if scores else {}
 
     def record(self, drafted: int, accepted: int, appended: int) -> None:
         """Record a verification outcome for the metrics."""

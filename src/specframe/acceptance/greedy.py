@@ -30,10 +30,11 @@ class GreedyAcceptance(AcceptanceRule):
         The verdict is deferred: the argmax stays on the device until the schedule reads the outcome, and the
         comparison with the chain (whose tokens the host already knows) is a few integer compares.
         """
-        return self._verdict(drafts, first_argmax(logits), logits)
+        return self._verdict(drafts, first_argmax(logits), logits, logits.shape[0])
 
     @staticmethod
-    def _verdict(drafts: Sequence[DraftRef], predicted: torch.Tensor, logits: torch.Tensor) -> Verdict:
+    def _verdict(drafts: Sequence[DraftRef], predicted: torch.Tensor, logits: torch.Tensor, ranks: int) -> Verdict:
+        """The deferred verdict from ``predicted``, the argmax of ``logits``, whose first ``ranks`` rows verify."""
         chain = [d.token for d in drafts]
 
         def resolve(values: list[list]) -> tuple[int, int | None]:
@@ -41,9 +42,9 @@ class GreedyAcceptance(AcceptanceRule):
             accepted = 0
             while accepted < len(chain) and chain[accepted] == argmax[accepted]:
                 accepted += 1
-            return accepted, argmax[accepted] if accepted < len(argmax) else None
+            return accepted, argmax[accepted] if accepted < ranks else None
 
-        return Verdict.deferred((predicted,), resolve, lambda: top_probability(logits))
+        return Verdict.deferred((predicted,), resolve, lambda: top_probability(logits[:ranks]))
 
     def propose_and_verify(
         self, drafts: Sequence[DraftRef], logits: torch.Tensor, num_verify: int, generator: torch.Generator | None
@@ -57,9 +58,10 @@ class GreedyAcceptance(AcceptanceRule):
         predicted = first_argmax(logits)
         proposals = None
         if logits.shape[0] > num_verify:
-            drafter = logits[num_verify:]
-            proposals = Proposals(tokens=predicted[num_verify:], scores=lambda: top_probability(drafter))
-        return proposals, self._verdict(drafts, predicted[:num_verify], logits[:num_verify])
+            proposals = Proposals(
+                tokens=predicted[num_verify:], scores=lambda: top_probability(logits[num_verify:])
+            )
+        return proposals, self._verdict(drafts, predicted, logits, num_verify)
 
     def describe(self) -> dict[str, object]:
         """The rule's name."""

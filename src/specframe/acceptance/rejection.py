@@ -60,7 +60,10 @@ class SamplingWarp:
         if self.top_k is not None and self.top_k < scaled.shape[-1]:
             # Tokens tied with the k-th largest logit are all kept, so the truncation is a function of the
             # logits alone (no dependence on how a kernel breaks ties).
-            kth = kth_largest(scaled.reshape(-1, scaled.shape[-1]), self.top_k).view(*scaled.shape[:-1], 1)
+            if scaled.dim() == 2:
+                kth = kth_largest(scaled, self.top_k)
+            else:
+                kth = kth_largest(scaled.reshape(-1, scaled.shape[-1]), self.top_k).view(*scaled.shape[:-1], 1)
             scaled = scaled.sub(_below(scaled, kth), alpha=MASKED)
         probs = torch.softmax(scaled, dim=-1)
         if self.top_p is not None:
@@ -113,13 +116,14 @@ class RejectionSampling(AcceptanceRule):
         if type(self).propose is not RejectionSampling.propose or type(self).verify is not RejectionSampling.verify:
             return super().propose_and_verify(drafts, logits, num_verify, generator)
         probs = self.warp.probs(logits)
-        target, drafter = probs[:num_verify], probs[num_verify:]
+        target = probs[:num_verify] if num_verify < probs.shape[0] else probs
         accepted, dist = self._judge(drafts, target, generator)
-        if not drafter.shape[0]:
+        if num_verify == probs.shape[0]:
             return None, self._verdict(accepted, sample_rows(dist, generator), target)
+        drafter = probs[num_verify:]
         # One draw per row for the verifier's token and the new drafts together (independent uniforms).
         tokens = sample_rows(torch.cat([dist, drafter]), generator)
-        return self._proposals(drafter, tokens[1:]), self._verdict(accepted, tokens[:1], target)
+        return self._proposals(drafter, tokens[1:]), self._verdict(accepted, tokens, target)
 
     @staticmethod
     def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> Proposals:
@@ -146,31 +150,34 @@ class RejectionSampling(AcceptanceRule):
             return torch.zeros((), dtype=torch.int64, device=target.device), target[:1]
         tokens, proposal = _chain_proposals(drafts, vocab)
         proposal = proposal.to(target.dtype)
-        p = target[:kappa].gather(-1, tokens).squeeze(-1)
-        q = proposal.gather(-1, tokens).squeeze(-1)
-        uniforms = torch.rand(kappa, generator=generator, device=target.device, dtype=target.dtype)
+        p = target.gather(-1, tokens)  # [kappa, 1]: gather reads the first kappa rows of the target
+        q = proposal.gather(-1, tokens)
+        uniforms = torch.rand(kappa, 1, generator=generator, device=target.device, dtype=target.dtype)
         accepted = leading_true(uniforms * q < p)  # u < p/q without dividing (q > 0 for drawn tokens)
-        if ranks > kappa:  # the bonus rank has no proposal: its "residual" is p itself
-            proposal = torch.cat([proposal, proposal.new_zeros(ranks - kappa, vocab)])
         # The rank the verifier's token goes to (clamped: after a full accept with no rank left the draw is
-        # discarded).
+        # discarded), and the proposal row its residual subtracts.
         row = accepted.clamp(max=ranks - 1).view(1)
         verifier = target.index_select(0, row)
-        residual = (verifier - proposal.index_select(0, row)).clamp_min(0.0)
+        residual = (verifier - proposal.index_select(0, row.clamp(max=kappa - 1))).clamp_min(0.0)
+        mass = residual.sum(-1, keepdim=True)
+        if ranks > kappa:  # the bonus rank has no proposal: after a full accept its "residual" is p itself
+            mass = mass * (kappa - accepted)
         # A rejection implies p(d) < q(d), so the residual has positive mass; guard rounding anyway.
-        return accepted, torch.where(residual.sum(-1, keepdim=True) > 0, residual, verifier)
+        return accepted, torch.where(mass > 0, residual, verifier)
 
     @staticmethod
-    def _verdict(accepted: torch.Tensor, token: torch.Tensor, target: torch.Tensor) -> Verdict:
-        """The deferred verdict of ``accepted`` drafts and the verifier's drawn ``[1, 1]`` token."""
-        ranks = target.shape[0]
-        outcome = torch.cat([accepted.view(1), token.view(1)])
+    def _verdict(accepted: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor) -> Verdict:
+        """The deferred verdict of ``accepted`` drafts (0-d) and the verifier's token, ``tokens[0, 0]``.
 
-        def resolve(values: list[list]) -> tuple[int, int | None]:
-            count, drawn = values[0]
+        Both are read as they are (two small reads in the one transfer), not joined on the device first.
+        """
+        ranks = target.shape[0]
+
+        def resolve(values: list) -> tuple[int, int | None]:
+            count, drawn = values[0], values[1][0][0]
             return count, drawn if count < ranks else None
 
-        return Verdict.deferred((outcome,), resolve, lambda: target.amax(-1))
+        return Verdict.deferred((accepted, tokens), resolve, lambda: target.amax(-1))
 
     def describe(self) -> dict[str, object]:
         """Name and sampling options."""

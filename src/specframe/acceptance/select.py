@@ -45,9 +45,9 @@ def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     if length is None or not logits.is_contiguous():
         return logits.max(dim=-1).indices
     chunks = logits.view(rows, vocab // length, length)
-    chunk = chunks.amax(-1).max(-1, keepdim=True).indices  # [rows, 1]
-    inside = chunks.gather(1, chunk.unsqueeze(-1).expand(rows, 1, length)).squeeze(1)
-    return inside.max(-1).indices.add_(chunk.squeeze(-1), alpha=length)
+    chunk = chunks.amax(-1).max(-1).indices  # [rows]
+    inside = chunks.gather(1, chunk.view(rows, 1, 1).expand(rows, 1, length)).view(rows, length)
+    return inside.max(-1).indices.add_(chunk, alpha=length)
 
 
 def kth_largest(values: torch.Tensor, k: int) -> torch.Tensor:

@@ -64,7 +64,7 @@ class MaskBuilder(ABC):
         """Split the returned logits (one row per ``call.output_rows``) into verifier and drafter logits."""
         if call.row_slices is not None:
             verify, drafts = call.row_slices
-            return CallResult(logits[verify], tuple(logits[s] for s in drafts), logits)
+            return CallResult.sliced(logits, verify, drafts)
         return CallResult(
             verify_logits=logits[call.verify_rows],
             draft_logits=tuple(logits[rows] for rows in call.draft_rows),

@@ -141,12 +141,13 @@ def verify_and_propose(state: DecodeState, plan: CallPlan, result: CallResult) -
     """
     ctx = state.ctx
     chain = planned_chain(state, plan)
-    num_verify = result.verify_logits.shape[0]
-    rows = num_verify + result.draft_logits[0].shape[0]
-    if result.logits is not None:
-        logits = result.logits[:rows]
-    else:
+    num_verify = plan.num_verify  # the builder returns one verifier row per rank, one drafter row per target
+    rows = num_verify + len(plan.drafts[0].targets)
+    logits = result.logits
+    if logits is None:
         logits = torch.cat([result.verify_logits, result.draft_logits[0]])
+    elif logits.shape[0] != rows:
+        logits = logits[:rows]
     proposals, verdict = ctx.rule.propose_and_verify(chain, logits, num_verify, ctx.generator)
     if proposals is not None and ctx.order.uses_scores:
         proposals.with_scores()
