@@ -14,7 +14,7 @@ from specframe.acceptance import select
 from specframe.acceptance.rejection import SamplingWarp
 from specframe.acceptance.select import first_argmax, kth_largest
 
-SHAPES = [(17, 2048), (9, 4096), (3, 24), (1, 2048), (40, 1024), (5, 3000), (2, 131072)]
+SHAPES = [(17, 2048), (9, 4096), (3, 24), (1, 2048), (40, 1024), (5, 3000), (3, 16384), (2, 131072)]
 
 
 def _inputs(rows, vocab, seed):
@@ -54,10 +54,10 @@ def test_the_chunked_paths_are_the_ones_tested(monkeypatch):
         return gather(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "gather", counted)
-    first_argmax(torch.randn(17, 2048))
+    first_argmax(torch.randn(2, 131072))
     kth_largest(torch.randn(17, 2048), 20)
     assert seen["gather"] == 2
-    assert select.CHUNKED_ARGMAX_MIN <= 17 * 2048 and select.CHUNKED_TOPK_MIN <= 17 * 2048
+    assert select.CHUNKED_ARGMAX_MIN_VOCAB <= 131072 and select.CHUNKED_TOPK_MIN <= 17 * 2048
 
 
 def _reference_warp(logits, temperature, top_k):
