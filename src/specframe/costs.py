@@ -2,11 +2,14 @@
 
 A call that evaluates R new rows costs about ``tau + delta * R`` seconds of model time (tau: the fixed cost
 of a forward, reading the weights and launching kernels; delta: the cost per row once compute-bound), plus
-the decoder's own work per call (planning, layout, acceptance: ``host_s``). :func:`calibrate` times forwards
-of a few row counts against a cached prefix, in interleaved rounds (each round visits the row counts in a
-shuffled order, so a burst of load from other processes hits all of them alike), keeps the median of each,
-and fits tau and delta by least squares on those medians. The medians themselves form a table that
-:meth:`CostModel.seconds` interpolates; beyond the table it extrapolates with delta.
+the decoder's own work per call (planning, layout, acceptance: ``host_s``). Each row also attends to every
+cached position, so a call costs more late in a long generation. :func:`calibrate` times forwards of a few
+row counts against a cached prefix of :data:`CONTEXT` positions and against one of :data:`LONG_CONTEXT`, in
+interleaved rounds (each round visits the (context, rows) pairs in a shuffled order, so a burst of load from
+other processes hits all of them alike), keeps the median of each, and fits tau and delta by least squares
+on the short context's medians. The medians form two tables, one per context: :meth:`CostModel.seconds`
+interpolates in the rows within each (beyond them it extrapolates with delta) and linearly in the context
+between them.
 
 Cost models are cached per model identity, device, dtype, thread count, compilation and torch version,
 under ``$SPECFRAME_CACHE_DIR`` (default: ``$XDG_CACHE_HOME/specframe`` or ``~/.cache/specframe``), so the
@@ -22,7 +25,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +36,13 @@ from specframe.models.base import ModelBackend
 
 #: Row counts a calibration times (clipped to what the model's context allows).
 ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
-#: Cached prefix the calibration's rows attend to.
+#: Cached prefix the calibration's rows attend to (the table's context).
 CONTEXT = 64
+#: The longer cached prefix the same row counts are also timed against, to measure the context term gamma
+#: (a typical request's prompt plus a few hundred generated tokens).
+LONG_CONTEXT = 320
 #: Bump when the calibration procedure changes, so that old cache files are not reused.
-VERSION = 1
+VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,10 @@ class CostModel:
         table: ``(rows, median seconds)`` measured by the calibration, by increasing rows (may be empty: then
             ``tau + delta * rows`` is used everywhere).
         host_s: Decoder seconds per call outside the model (planning, layout, acceptance).
+        context: Cached positions ``table`` (and tau, delta) were measured with.
+        long_table: ``(rows, median seconds)`` over ``long_context`` cached positions (may be empty: then the
+            cost does not depend on the context).
+        long_context: Cached positions ``long_table`` was measured with.
         key: What the model was calibrated for (model identity, device, dtype, threads, ...).
         calibration_s: How long the calibration took (0 for a synthetic or reused model).
         source: ``"calibrated"``, ``"cache"`` or ``"given"``.
@@ -58,31 +68,40 @@ class CostModel:
     delta: float
     table: tuple[tuple[int, float], ...] = ()
     host_s: float = 0.0
+    context: int = 0
+    long_table: tuple[tuple[int, float], ...] = ()
+    long_context: int = 0
     key: Mapping[str, Any] = field(default_factory=dict)
     calibration_s: float = 0.0
     source: str = "given"
 
-    def seconds(self, rows: int) -> float:
-        """Predicted seconds of one call of ``rows`` new rows, the decoder's own work included."""
-        return self.model_seconds(rows) + self.host_s
+    def seconds(self, rows: int, context: int | None = None) -> float:
+        """Predicted seconds of one call of ``rows`` new rows, the decoder's own work included.
 
-    def model_seconds(self, rows: int) -> float:
-        """Predicted model seconds of a forward of ``rows`` new rows."""
-        table = self.table
-        if not table:
-            return self.tau + self.delta * rows
-        if rows <= table[0][0]:
-            return table[0][1]
-        for (r0, s0), (r1, s1) in zip(table, table[1:], strict=False):
-            if rows <= r1:
-                return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
-        last_rows, last_s = table[-1]
-        return last_s + self.delta * (rows - last_rows)
+        Args:
+            rows: New rows the call evaluates.
+            context: Cached positions the rows attend to (``None``: the calibration's own context).
+        """
+        return self.model_seconds(rows, context) + self.host_s
+
+    def model_seconds(self, rows: int, context: int | None = None) -> float:
+        """Predicted model seconds of a forward of ``rows`` new rows over ``context`` cached positions.
+
+        Linear in the context through the two tables' values at ``rows`` (extrapolated beyond them, never
+        below the short context's value).
+        """
+        short = _interpolate(self.table, rows, self.tau, self.delta)
+        if context is None or not self.long_table or self.long_context <= self.context:
+            return short
+        long = _interpolate(self.long_table, rows, self.tau, self.delta)
+        share = (context - self.context) / (self.long_context - self.context)
+        return max(short + (long - short) * share, min(short, long))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (as cached on disk and recorded by the bench)."""
         data = asdict(self)
         data["table"] = [list(entry) for entry in self.table]
+        data["long_table"] = [list(entry) for entry in self.long_table]
         data["key"] = dict(self.key)
         return data
 
@@ -93,22 +112,25 @@ class CostModel:
         Raises:
             ConfigError: If ``tau`` or ``delta`` is missing or not a non-negative number, or a key is unknown.
         """
-        known = {"tau", "delta", "table", "host_s", "key", "calibration_s", "source"}
+        known = {"tau", "delta", "table", "host_s", "context", "long_table", "long_context", "key"}
+        known |= {"calibration_s", "source"}
         unknown = sorted(set(data) - known)
         if unknown:
             valid = ", ".join(sorted(known))
             raise ConfigError(f"cost model: unknown key(s) {', '.join(unknown)}; valid keys: {valid}")
         values = dict(data)
-        for name in ("tau", "delta", "host_s"):
+        for name in ("tau", "delta", "host_s", "context", "long_context"):
             value = values.get(name, 0.0)
-            if name != "host_s" and name not in values:
+            if name in ("tau", "delta") and name not in values:
                 raise ConfigError(f"cost model needs {name!r} (seconds), e.g. {{'tau': 0.007, 'delta': 0.0002}}")
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"cost model {name} must be a number >= 0 (seconds), got {value!r}")
         if values["tau"] + values["delta"] <= 0:
             raise ConfigError("cost model: tau + delta must be positive (a call cannot be free)")
-        table = tuple((int(r), float(s)) for r, s in values.get("table", ()))
-        values["table"] = table
+        values["table"] = tuple((int(r), float(s)) for r, s in values.get("table", ()))
+        values["long_table"] = tuple((int(r), float(s)) for r, s in values.get("long_table", ()))
+        values["context"] = int(values.get("context", 0))
+        values["long_context"] = int(values.get("long_context", 0))
         values.setdefault("source", "given")
         return cls(**values)
 
@@ -117,11 +139,18 @@ class CostModel:
         lines = [
             f"cost per call = {1e3 * self.tau:.3f} ms + {1e3 * self.delta:.4f} ms x rows (model)"
             f" + {1e3 * self.host_s:.3f} ms (decoder)",
+            f"cached positions attended to: {self.context} (table)"
+            + (f", {self.long_context} (long table)" if self.long_table else ""),
             f"source: {self.source}" + (f", calibrated in {self.calibration_s:.2f} s" if self.calibration_s else ""),
         ]
         if self.table:
-            lines.append("rows  median model ms  fit ms")
-            lines += [f"{r:4d}  {1e3 * s:15.3f}  {1e3 * (self.tau + self.delta * r):6.3f}" for r, s in self.table]
+            longs = dict(self.long_table)
+            lines.append("rows  median model ms  fit ms" + (f"  at {self.long_context} positions" if longs else ""))
+            lines += [
+                f"{r:4d}  {1e3 * s:15.3f}  {1e3 * (self.tau + self.delta * r):6.3f}"
+                + (f"  {1e3 * longs[r]:15.3f}" if r in longs else "")
+                for r, s in self.table
+            ]
         for name, value in self.key.items():
             lines.append(f"{name}: {value}")
         return "\n".join(lines)
@@ -185,7 +214,7 @@ def load_cached(key: Mapping[str, Any]) -> CostModel | None:
         return None
     if dict(model.key) != dict(key):
         return None
-    return CostModel(model.tau, model.delta, model.table, model.host_s, model.key, 0.0, "cache")
+    return replace(model, calibration_s=0.0, source="cache")
 
 
 def save(cost: CostModel) -> Path | None:
@@ -211,7 +240,7 @@ def calibrate(
     min_rounds: int = 3,
     max_rounds: int = 25,
 ) -> CostModel:
-    """Time forwards of ``rows`` new rows against a cached prefix and fit the cost model.
+    """Time forwards of ``rows`` new rows against a short and a long cached prefix and fit the cost model.
 
     Args:
         model: The model to time.
@@ -227,6 +256,9 @@ def calibrate(
     counts = sorted({r for r in rows if context + r <= model.max_positions + 1})
     if not counts:
         raise ConfigError(f"model {model.name!r} has too small a context ({model.max_positions + 1}) to calibrate")
+    # The long prefix, where the model's context leaves room for it (else gamma is not measured: 0).
+    long_context = min(LONG_CONTEXT, model.max_positions + 1 - max(counts))
+    contexts = (context, long_context) if long_context >= 2 * context else (context,)
     generator = torch.Generator().manual_seed(0)
     ordinary = [t for t in range(model.vocab_size) if t != model.mask_token_id] or [0]
 
@@ -234,47 +266,69 @@ def calibrate(
         picks = torch.randint(len(ordinary), (n,), generator=generator)
         return torch.tensor([ordinary[i] for i in picks.tolist()], dtype=torch.long, device=model.device)
 
-    cache = model.new_cache(context + max(counts) + 1)
-    causal = torch.ones(context, context, dtype=torch.bool, device=model.device).tril()
-    positions = torch.arange(context, device=model.device)
     with torch.inference_mode():
-        model.forward(cache, tokens(context), positions, causal, positions[-1:])
-        cache.commit(list(range(context)), list(range(context)))
+        caches = {c: _prefilled(model, c, tokens(c), max(counts)) for c in contexts}
         inputs = {
-            r: (
+            (c, r): (
                 tokens(r),
-                torch.arange(context, context + r, device=model.device),
+                torch.arange(c, c + r, device=model.device),
                 torch.ones(r, r, dtype=torch.bool, device=model.device).tril(),
                 torch.arange(r, device=model.device),
             )
+            for c in contexts
             for r in counts
         }
 
-        def timed(r: int) -> float:
-            ids, pos, attention, output = inputs[r]
+        def timed(pair: tuple[int, int]) -> float:
+            ids, pos, attention, output = inputs[pair]
             _sync(model)
             start = time.perf_counter()
-            model.forward(cache, ids, pos, attention, output)
+            model.forward(caches[pair[0]], ids, pos, attention, output)
             _sync(model)
             return time.perf_counter() - start
 
-        for r in counts:  # warm-up: first calls allocate and pick kernels
-            timed(r)
-        samples: dict[int, list[float]] = {r: [] for r in counts}
-        order = list(counts)
+        order = list(inputs)
+        for pair in order:  # warm-up: first calls allocate and pick kernels
+            timed(pair)
+        samples: dict[tuple[int, int], list[float]] = {pair: [] for pair in order}
         shuffle = random.Random(0)
         for round_index in range(max_rounds):
             elapsed = time.perf_counter() - started
             if round_index and (elapsed > limit_s or (round_index >= min_rounds and elapsed > budget_s)):
                 break
             shuffle.shuffle(order)
-            for r in order:
-                samples[r].append(timed(r))
-    medians = [(r, statistics.median(samples[r])) for r in counts]
-    table = tuple(_monotone(medians))
+            for pair in order:
+                samples[pair].append(timed(pair))
+    medians = {pair: statistics.median(values) for pair, values in samples.items()}
+    table = tuple(_monotone([(r, medians[context, r]) for r in counts]))
     tau, delta = fit(table)
+    long_table: tuple[tuple[int, float], ...] = ()
+    if len(contexts) == 2:  # a longer prefix never makes a call cheaper (a dip is noise)
+        longer = [(r, max(medians[long_context, r], s)) for r, s in table]
+        long_table = tuple(_monotone(longer))
     host = host_s() if host_s is not None else 0.0
-    return CostModel(tau, delta, table, host, model_key(model), time.perf_counter() - started, "calibrated")
+    return CostModel(
+        tau,
+        delta,
+        table,
+        host,
+        context,
+        long_table,
+        long_context if long_table else 0,
+        model_key(model),
+        time.perf_counter() - started,
+        "calibrated",
+    )
+
+
+def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) -> Any:
+    """A cache holding ``context`` committed positions of ``ids``, with room for ``room`` more rows."""
+    cache = model.new_cache(context + room + 1)
+    causal = torch.ones(context, context, dtype=torch.bool, device=model.device).tril()
+    positions = torch.arange(context, device=model.device)
+    model.forward(cache, ids, positions, causal, positions[-1:])
+    cache.commit(list(range(context)), list(range(context)))
+    return cache
 
 
 def cost_model_for(
@@ -289,6 +343,19 @@ def cost_model_for(
     cost = calibrate(model, host_s=host_s)
     save(cost)
     return cost
+
+
+def _interpolate(table: Sequence[tuple[int, float]], rows: int, tau: float, delta: float) -> float:
+    """Seconds at ``rows`` from a ``(rows, seconds)`` table: linear between entries, ``delta`` beyond the last."""
+    if not table:
+        return tau + delta * rows
+    if rows <= table[0][0]:
+        return table[0][1]
+    for (r0, s0), (r1, s1) in zip(table, table[1:], strict=False):
+        if rows <= r1:
+            return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
+    last_rows, last_s = table[-1]
+    return last_s + delta * (rows - last_rows)
 
 
 def _monotone(table: list[tuple[int, float]]) -> list[tuple[int, float]]:

@@ -11,7 +11,12 @@ chain tokens were all accepted, the share accepted. Counts decay with every veri
 weigh most, so the estimate follows the text being generated) and are blended with a prior: for prefix
 drafts, the pooled counts of this decoder's earlier requests (:func:`default_prior` before the first);
 for branch drafts, the prefix estimate (until branches have been observed, they are assumed as good). The
-estimates never rise with the offset beyond 2: a farther draft is not more likely to be right.
+estimates never rise with the offset beyond 2: a farther draft is not more likely to be right. And where
+no request has checked an offset beyond 2 yet, its neutral prior is lowered to :data:`FALLOFF` times the
+estimate of the offset before it: what was drafted further from the context is accepted less often (in the
+bundled models, a draft's second token is accepted far less often than its first), so a width whose
+farthest drafts were never checked is not credited with them (the schedule tries such a width instead,
+see :mod:`specframe.schedules.auto`).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 SOURCES = ("prefix", "branch")
+#: Until it is observed, an offset beyond 2 is assumed this share as likely as the offset before it.
+FALLOFF = 0.6
 
 
 def default_prior(size: int) -> list[float]:
@@ -39,13 +46,13 @@ class AcceptanceStats:
         self.size = size
         self.weight = weight
         self.decay = decay
-        self.prior = default_prior(size)
+        self.prior = self._blend([0.0] * (size + 1), [0.0] * (size + 1), default_prior(size), falloff=True)
         self._recent = {s: ([0.0] * (size + 1), [0.0] * (size + 1)) for s in SOURCES}
         self._pooled = {s: ([0.0] * (size + 1), [0.0] * (size + 1)) for s in SOURCES}
 
     def start_request(self) -> None:
         """Begin a request: the pooled prefix estimate so far becomes the prior, recent counts are cleared."""
-        self.prior = self._blend(*self._pooled["prefix"], default_prior(self.size))
+        self.prior = self._blend(*self._pooled["prefix"], default_prior(self.size), falloff=True)
         self._recent = {s: ([0.0] * (self.size + 1), [0.0] * (self.size + 1)) for s in SOURCES}
 
     def observe(self, chain: Sequence[tuple[str, int]], accepted: int) -> None:
@@ -77,11 +84,19 @@ class AcceptanceStats:
         branch = self._blend(*self._recent["branch"], prefix)
         return {"prefix": prefix, "branch": branch}
 
-    def _blend(self, accepted: list[float], checked: list[float], prior: list[float]) -> list[float]:
+    def checked(self, source: str, offset: int) -> float:
+        """Draft tokens of ``source`` at ``offset`` checked so far, over every request (not decayed)."""
+        return self._pooled[source][1][min(max(offset, 1), self.size)]
+
+    def _blend(
+        self, accepted: list[float], checked: list[float], prior: list[float], *, falloff: bool = False
+    ) -> list[float]:
+        """Counts blended with a prior; never rising beyond offset 2 (``falloff``: see the module)."""
         w = self.weight
-        out = [(accepted[d] + w * prior[d]) / (checked[d] + w) for d in range(self.size + 1)]
+        out = [(accepted[d] + w * prior[d]) / (checked[d] + w) for d in range(3)]
         for d in range(3, self.size + 1):  # offset 1 (Linear-SS only) and 2 are estimated freely
-            out[d] = min(out[d], out[d - 1])
+            guess = min(prior[d], FALLOFF * out[d - 1]) if falloff else prior[d]
+            out.append(min((accepted[d] + w * guess) / (checked[d] + w), out[d - 1]))
         return out
 
     def describe(self) -> dict[str, object]:
@@ -96,32 +111,46 @@ class AcceptanceStats:
 
 
 class CallTimes:
-    """Seconds per call each candidate was seen to take, to correct the cost model's predictions.
+    """How far the observed seconds per call are from the cost model's predictions: overall and by candidate.
 
-    The cost model is measured once, on synthetic calls; the decoder's real calls of a candidate also pay
-    for its layout, its acceptance and whatever else runs on the machine now. Each candidate's observed
-    seconds per call (an exponential average) replaces its prediction once it has been seen a few times;
-    candidates not seen yet are scaled by how far the seen ones were off, on average.
+    The cost model is measured once, on synthetic calls; the decoder's real calls also pay for whatever
+    else runs on the machine now (the same for every candidate) and for each candidate's own layout and
+    bookkeeping. So the correction has two factors: the *load*, an exponential average of observed over
+    predicted seconds across every call, which follows the machine as it changes; and each candidate's
+    *bias*, an exponential average of its own calls' ratio over the load at the time, trusted more the
+    more it has been seen. A candidate not seen yet is predicted times the load. Ratios, not seconds, are
+    kept, so that the correction carries over as the prediction changes with the context length; and a
+    burst of load while one candidate runs raises every estimate alike instead of making that candidate
+    look dear.
 
     Args:
-        decay: Weight kept by the old average at each observation.
-        trust: Observations after which a candidate's own average counts as much as the prediction.
+        decay: Weight kept by the old load at each observation (it follows about ``1 / (1 - decay)`` calls).
+        bias_decay: Weight kept by a candidate's old bias at each of its calls (slower than the load, so that
+            a burst of load is taken for load).
+        trust: Observations after which a candidate's own bias counts as much as none (1.0).
     """
 
-    def __init__(self, *, decay: float = 0.9, trust: float = 3.0) -> None:
+    def __init__(self, *, decay: float = 0.9, bias_decay: float = 0.97, trust: float = 3.0) -> None:
         self.decay = decay
+        self.bias_decay = bias_decay
         self.trust = trust
-        self._seconds: dict[str, float] = {}
+        self.load = 1.0
         self._counts: dict[str, float] = {}
-        self._ratios: dict[str, float] = {}
+        self._bias: dict[str, float] = {}
+        self._seen_any = False
 
     def observe(self, label: str, predicted: float | None, seconds: float) -> None:
         """One call of ``label`` took ``seconds`` (predicted: ``predicted``, if known)."""
-        old = self._seconds.get(label)
-        self._seconds[label] = seconds if old is None else self.decay * old + (1 - self.decay) * seconds
         self._counts[label] = self._counts.get(label, 0.0) + 1.0
-        if predicted:
-            self._ratios[label] = self._seconds[label] / predicted
+        if not predicted:
+            return
+        ratio = seconds / predicted
+        if not self._seen_any:  # the first call sets the load, not a bias
+            self.load, self._seen_any = ratio, True
+        bias = self._bias.get(label)
+        own = ratio / self.load
+        self._bias[label] = own if bias is None else self.bias_decay * bias + (1 - self.bias_decay) * own
+        self.load = self.decay * self.load + (1 - self.decay) * ratio / self._bias[label]
 
     def seen(self, label: str) -> bool:
         """Whether a call of ``label`` has been timed."""
@@ -129,11 +158,9 @@ class CallTimes:
 
     def correct(self, label: str, predicted: float) -> float:
         """The seconds per call to expect of ``label``, given the cost model's ``predicted``."""
-        ratios = sorted(self._ratios.values())
-        scale = min(max(ratios[len(ratios) // 2], 0.5), 3.0) if ratios else 1.0
-        guess = predicted * scale
-        seen = self._counts.get(label, 0.0)
-        if not seen:
-            return guess
-        weight = seen / (seen + self.trust)
-        return weight * self._seconds[label] + (1 - weight) * guess
+        load = min(max(self.load, 0.5), 3.0)
+        bias = self._bias.get(label)
+        if bias is None:
+            return predicted * load
+        weight = self._counts[label] / (self._counts[label] + self.trust)
+        return predicted * load * (weight * bias + (1 - weight))

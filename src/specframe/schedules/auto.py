@@ -21,7 +21,7 @@ from dataclasses import replace
 import torch
 
 from specframe.acceptance.base import DraftRef, Proposals
-from specframe.choice.rates import Candidate, best
+from specframe.choice.rates import Candidate, best, steady_state
 from specframe.choice.stats import AcceptanceStats, CallTimes
 from specframe.costs import CostModel
 from specframe.hookspecs import hookimpl
@@ -39,16 +39,29 @@ AUTO_MAX_WIDTH = 16
 REFRESH_CALLS = 16
 #: Calls between two re-estimations of every candidate.
 FULL_SCAN_CALLS = 64
-#: How far from the current pick's width a re-estimation between full scans looks.
+#: How far from the current pick's width a re-estimation between full scans looks (a plain AR call counts
+#: as width 1 here: its neighbours are the narrowest drafting candidates, which a probe tries).
 NEIGHBOURHOOD = 1
 #: Plain AR calls in a row after which a drafting call probes whether drafting pays again (AR calls
 #: check no drafts, so without probes the acceptance estimate would never change again).
 PROBE_AFTER = 16
+#: Each probe after which AR calls still win doubles the AR calls before the next one, up to this many
+#: (a probe costs about one call; on text where drafts keep failing, probes then cost under 1% of the
+#: calls). A probe after which drafting wins resets the wait to PROBE_AFTER. The wait carries over to the
+#: decoder's next request.
+PROBE_AFTER_MAX = 128
 #: Calls a probe lasts: the drafting call and the call that verifies its draft.
 PROBE_CALLS = 2
 #: A candidate never timed is tried (for PROBE_CALLS calls) when its estimate is within this share of the
 #: best one's: the cost model is a prediction, and only timed calls correct it.
-PLAUSIBLE = 0.6
+PLAUSIBLE = 0.85
+#: A candidate whose farthest draft offset was checked fewer times than this (over every request) is tried
+#: when plausible (see PLAUSIBLE), so that acceptance is measured, not guessed, where it decides the choice.
+EXPLORED = 4
+#: Hysteresis: the current pick is replaced only by a candidate whose estimate beats it by more than this
+#: share (estimates of near-equal candidates wobble with every verification and every timed call, and each
+#: switch costs: see ``_switch_gain``).
+SWITCH_MARGIN = 0.03
 #: What ``schedule: "auto"`` chooses among.
 AUTO_KINDS = ("ar", "packed", "kbranch", "quadratic")
 
@@ -123,6 +136,9 @@ class AutoSchedule(Schedule):
         self._ar_streak = 0
         self._probe: Candidate | None = None
         self._probe_left = 0
+        self._probe_after = PROBE_AFTER
+        self._judge_probe = False
+        self._candidates: dict[int, tuple[list[Candidate], list[Candidate]]] = {}
         #: The latest throughput estimate (tokens per second) of each candidate, by label.
         self.rates: dict[str, float] = {}
         self._synthetic = None
@@ -135,6 +151,7 @@ class AutoSchedule(Schedule):
         self.cost = cost
         self._rows_of_plan = rows
         self._rows.clear()
+        self._candidates.clear()
         # A measured cost model is corrected by what calls are seen to take; a given one is taken as is
         # (so that tests, and users who state their costs, get choices that do not depend on timing).
         self._times = None if cost.source == "given" else CallTimes()
@@ -199,12 +216,24 @@ class AutoSchedule(Schedule):
         self._current = None
         self._chosen = None
         self._probe_left = 0
+        self._judge_probe = False
+        self._ar_streak = 0
         self._since_refresh = REFRESH_CALLS
         self._since_scan = FULL_SCAN_CALLS
         self._synthetic = replace(state.ctx, eos_token_ids=frozenset(), stop_sequences=())
 
     def candidates(self, maximum: int) -> list[Candidate]:
         """Every (schedule, width) this schedule considers for a decoder width of ``maximum``."""
+        return list(self._candidate_lists(maximum)[0])
+
+    def _candidate_lists(self, maximum: int) -> tuple[list[Candidate], list[Candidate]]:
+        """Every candidate, and the drafting ones (memoised: the choice asks before every call)."""
+        if maximum not in self._candidates:
+            every = self._list_candidates(maximum)
+            self._candidates[maximum] = (every, [c for c in every if c.kind != "ar"])
+        return self._candidates[maximum]
+
+    def _list_candidates(self, maximum: int) -> list[Candidate]:
         widths = self.widths or auto_widths(maximum)
         out = []
         for kind in self.kinds:
@@ -216,7 +245,11 @@ class AutoSchedule(Schedule):
         return out
 
     def _choose(self, state: DecodeState) -> Candidate:
-        """The best candidate, except for a probe: two drafting calls after PROBE_AFTER plain AR calls."""
+        """The best candidate, except for a probe: two drafting calls after a run of plain AR calls.
+
+        The run is PROBE_AFTER calls, doubled after every probe that left AR calls the best (up to
+        PROBE_AFTER_MAX), and reset when a probe makes drafting win.
+        """
         if self._probe_left:
             self._probe_left -= 1
             if not self._probe_left:
@@ -224,18 +257,23 @@ class AutoSchedule(Schedule):
             return self._probe
         refreshed = self._since_refresh >= REFRESH_CALLS or self._chosen is None
         chosen = self._estimate(state)
-        if refreshed and self._times is not None:
-            untimed = self._untimed(state, chosen)
-            if untimed is not None:
-                return self._start_probe(untimed)
+        if self._judge_probe:  # the estimate right after a probe of drafting from AR calls
+            self._judge_probe = False
+            failed = chosen.kind == "ar"
+            self._probe_after = min(2 * self._probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
+        if refreshed:
+            trial = self._worth_trying(state, chosen)
+            if trial is not None:
+                return self._start_probe(trial)
         if chosen.kind != "ar":
             self._ar_streak = 0
             return chosen
         self._ar_streak += 1
-        drafting = [c for c in self.candidates(state.ctx.width) if c.kind != "ar"]
-        if self._ar_streak < PROBE_AFTER or not drafting:
+        drafting = self._candidate_lists(state.ctx.width)[1]
+        if self._ar_streak < self._probe_after or not drafting:
             return chosen
         self._ar_streak = 0
+        self._judge_probe = True
         # Probe conservatively: the narrowest drafting candidate of the best schedule (its estimate is the
         # least extrapolated from what AR calls left unobserved, and its calls cost the least if it fails).
         top = max(drafting, key=lambda c: self.rates.get(c.label, 0.0))
@@ -246,20 +284,34 @@ class AutoSchedule(Schedule):
         self._probe_left = PROBE_CALLS - 1
         return candidate
 
-    def _untimed(self, state: DecodeState, chosen: Candidate) -> Candidate | None:
-        """The most promising candidate near the pick that was never timed, if it is plausible at all."""
+    def _worth_trying(self, state: DecodeState, chosen: Candidate) -> Candidate | None:
+        """The most promising candidate near the pick that is worth a trial of PROBE_CALLS calls, if any.
+
+        A candidate is worth trying when its estimate is within PLAUSIBLE of the pick's and it rests on a
+        guess: it was never timed (with a measured cost model: only timed calls correct the prediction),
+        or its farthest drafts were checked fewer than EXPLORED times by any request (their acceptance is
+        the prior's, lowered by the falloff; see :mod:`specframe.choice.stats`).
+        """
+        timing = self._times is not None
+        if timing and not self._times.seen(chosen.label):
+            return None  # time the pick itself first
         best_rate = self.rates.get(chosen.label, 0.0)
         near = [
             c
-            for c in self.candidates(state.ctx.width)
-            if (c.kind == "ar" or abs(c.width - chosen.width) <= NEIGHBOURHOOD)
-            and c.label in self.rates
-            and not self._times.seen(c.label)
-            and self.rates[c.label] >= PLAUSIBLE * best_rate
+            for c in self._candidate_lists(state.ctx.width)[0]
+            if c != chosen
+            and _near(c, chosen)
+            and self.rates.get(c.label, 0.0) >= PLAUSIBLE * best_rate
+            and ((timing and not self._times.seen(c.label)) or self._unexplored(c))
         ]
-        if not self._times.seen(chosen.label) or not near:
-            return None  # time the pick itself first
-        return max(near, key=lambda c: self.rates[c.label])
+        return max(near, key=lambda c: self.rates[c.label]) if near else None
+
+    def _unexplored(self, candidate: Candidate) -> bool:
+        """Whether ``candidate``'s farthest draft offset was checked fewer than EXPLORED times."""
+        kind, width = candidate.kind, candidate.width
+        needs = {"packed": [("prefix", width)], "linear": [("prefix", width)], "quadratic": [("branch", width + 1)]}
+        needs["kbranch"] = [("prefix", width), ("branch", width + 1)]
+        return any(self._stats.checked(source, offset) < EXPLORED for source, offset in needs.get(kind, ()))
 
     def _estimate(self, state: DecodeState) -> Candidate:
         """The best candidate: re-estimated every REFRESH_CALLS calls, over all of them every FULL_SCAN_CALLS.
@@ -269,24 +321,49 @@ class AutoSchedule(Schedule):
         """
         if self._chosen is not None and self._since_refresh < REFRESH_CALLS:
             return self._chosen
-        candidates = self.candidates(state.ctx.width)
+        candidates = self._candidate_lists(state.ctx.width)[0]
         if self._chosen is not None and self._since_scan < FULL_SCAN_CALLS:
-            near = self._chosen.width
-            candidates = [c for c in candidates if c.kind == "ar" or abs(c.width - near) <= NEIGHBOURHOOD]
+            candidates = [c for c in candidates if _near(c, self._chosen)]
         else:
             self._since_scan = 0
-        self._chosen, rates = best(
+        context = state.start + len(state.tokens)  # positions the next calls' rows attend to, about
+        q = self._stats.rates()
+
+        def seconds(rows: int) -> float:
+            return self.cost.seconds(rows, context)
+
+        chosen, rates = best(
             candidates,
-            self._stats.rates(),
-            self.cost.seconds,
+            q,
+            seconds,
             self._row_count,
             free_bonus=state.ctx.traits.free_bonus,
             k=self.k,
             correct=self._correct,
         )
+        current = self._chosen
+        if current is not None and chosen != current and current.label in rates:
+            gain = self._switch_gain(current, chosen, rates, q, seconds, state.ctx.traits.free_bonus)
+            if gain <= 1 + SWITCH_MARGIN:
+                chosen = current
+        self._chosen = chosen
         self.rates.update(rates)
         self._since_refresh = 0
         return self._chosen
+
+    def _switch_gain(self, current, chosen, rates, q, seconds, free_bonus) -> float:
+        """How many times the current pick's tokens per second switching to ``chosen`` is expected to give.
+
+        A switch from plain AR calls to drafting pays for one call that verifies nothing (no draft is
+        stored): over the REFRESH_CALLS calls until the next estimate, that call adds one token instead of
+        the steady state's ``T``, so the switch is credited ``1 - (T - 1) / (REFRESH_CALLS * T)`` of the
+        steady rate.
+        """
+        gain = rates[chosen.label] / rates[current.label]
+        if current.kind == "ar" and chosen.kind != "ar":
+            tokens, _ = steady_state(chosen, q, seconds, self._row_count, free_bonus=free_bonus, k=self.k)
+            gain *= 1 - (tokens - 1) / (REFRESH_CALLS * tokens)
+        return gain
 
     def _correct(self, label: str, predicted: float) -> float:
         """Seconds per call of ``label``: the prediction, corrected by observed calls for a measured model."""
@@ -312,6 +389,11 @@ class AutoSchedule(Schedule):
             window = state.window()[:kappa]
             state.set_drafts({p: DraftRef(proposals, i) for i, p in enumerate(window)}, {})
         return self._schedules[kind].plan(state)
+
+
+def _near(candidate: Candidate, pick: Candidate) -> bool:
+    """Whether ``candidate`` is re-estimated (and may be tried) around ``pick``: AR, or a width near the pick's."""
+    return candidate.kind == "ar" or abs(candidate.width - max(pick.width, 1)) <= NEIGHBOURHOOD
 
 
 def _draft_offsets(state: DecodeState, plan: CallPlan) -> dict[int, tuple[str, int]]:
