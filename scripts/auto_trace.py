@@ -147,11 +147,13 @@ def main() -> None:
         ptok = [e["predicted_tokens"] for e in entries if e["predicted_tokens"]]
         ptok = sum(ptok) / len(ptok) if ptok else float("nan")
         share = sum(e["observed_s"] for e in entries) / spent
-        print(f"{label:12s} {len(entries):6d} {share:8.3f} {1e3 * obs:7.3f} {1e3 * pred:8.3f} {1e3 * mod:6.3f} {tok:8.3f} {ptok:5.2f} {rows:5.1f}")
+        print(
+            f"{label:12s} {len(entries):6d} {share:8.3f} {1e3 * obs:7.3f} {1e3 * pred:8.3f} {1e3 * mod:6.3f}"
+            f" {tok:8.3f} {ptok:5.2f} {rows:5.1f}"
+        )
     switches = sum(1 for req in per_request for a, b in zip(req, req[1:], strict=False) if a["label"] != b["label"])
-    drafting_after_ar = [
-        b for req in per_request for a, b in zip(req, req[1:], strict=False) if a["label"] == "ar" and b["label"] != "ar"
-    ]
+    pairs = [(a["label"], b["label"]) for req in per_request for a, b in zip(req, req[1:], strict=False)]
+    drafting_after_ar = [b for a, b in pairs if a == "ar" and b != "ar"]
     print(f"\nswitches: {switches} over {len(steady)} calls; AR->drafting calls: {len(drafting_after_ar)}")
     first_labels = defaultdict(int)
     for req in per_request:

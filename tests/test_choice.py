@@ -18,6 +18,7 @@ from specframe.choice.stats import AcceptanceStats, CallTimes, default_prior
 from specframe.cli import main
 from specframe.costs import CostModel, cost_model_for, fit, load_cached, model_key, save
 from specframe.errors import ConfigError
+from specframe.schedules import auto as auto_module
 from specframe.schedules.auto import AUTO_MAX_WIDTH, AutoSchedule
 
 VOCAB = 24
@@ -172,6 +173,40 @@ def test_observed_call_times_replace_predictions_and_scale_the_unseen():
     assert chosen == Candidate("packed", 4)  # quadratic/w2 predicted better, observed ten times slower
 
 
+def test_call_times_take_a_burst_of_load_for_load_and_keep_each_candidates_bias():
+    times = CallTimes()
+    for _ in range(40):  # packed/w4's layout costs 20% more than predicted; ar's as predicted
+        times.observe("ar", 0.010, 0.010)
+        times.observe("packed/w4", 0.010, 0.012)
+    quiet = times.correct("packed/w4", 0.010) / times.correct("ar", 0.010)
+    assert quiet == pytest.approx(1.2, rel=0.05)
+    for _ in range(20):  # then the machine gets twice as busy while only packed/w4 runs
+        times.observe("packed/w4", 0.010, 0.024)
+    # One candidate's calls cannot tell load from bias; most of it is taken as load, which every estimate
+    # shares: ar, not run meanwhile, is expected slower too, and packed/w4 is not blamed for the whole 2x.
+    assert times.load > 1.5
+    assert times.correct("ar", 0.010) > 0.015
+    assert times.correct("packed/w4", 0.010) / times.correct("ar", 0.010) < 1.5
+    assert times.correct("quadratic/w2", 0.010) == pytest.approx(0.010 * times.load)  # unseen: the load
+    load = times.load
+    times.observe("ar", 0.010, 1.0)  # one call stalled 50x: a bounded step, not 50x
+    assert times.load < 1.2 * load and times.correct("ar", 0.010) < 0.05
+
+
+def test_a_farther_offset_never_checked_is_assumed_less_likely_until_a_request_checks_it():
+    from specframe.choice.stats import FALLOFF
+
+    stats = AcceptanceStats(8)
+    q = stats.rates()["prefix"]
+    assert q[3] == pytest.approx(FALLOFF * q[2]) and q[4] == pytest.approx(FALLOFF * q[3])
+    for _ in range(30):  # offset 3 accepted as often as offset 2: the evidence, not the falloff, decides
+        stats.observe([("prefix", 2), ("prefix", 3)], accepted=2)
+    stats.start_request()
+    prior = stats.rates()["prefix"]
+    assert prior[3] > 0.9 and prior[3] > FALLOFF * prior[2]
+    assert prior[4] == pytest.approx(min(default_prior(8)[4], FALLOFF * prior[3]))  # offset 4: never checked
+
+
 # -- the schedule ----------------------------------------------------------------------------------------
 
 
@@ -218,6 +253,126 @@ def test_metrics_report_the_histograms(models):
     assert all(label.startswith("packed/w") or label == "ar" for label in result["schedules"])
 
 
+# -- what the choice does with a planted acceptance pattern ---------------------------------------------
+
+
+def _plant(monkeypatch, q_of):
+    """Make every acceptance estimate ``q_of()`` (at every offset), with every offset well observed."""
+
+    def rates(self):
+        value = q_of()
+        return {"prefix": [value] * (self.size + 1), "branch": [value] * (self.size + 1)}
+
+    monkeypatch.setattr(AcceptanceStats, "rates", rates)
+    monkeypatch.setattr(AcceptanceStats, "checked", lambda self, source, offset: 100.0)
+
+
+def _ar_runs(labels):
+    """Lengths of the runs of plain AR calls that end in a drafting call."""
+    runs, length = [], 0
+    for label in labels:
+        if label == "ar":
+            length += 1
+        else:
+            if length:
+                runs.append(length)
+            length = 0
+    return runs
+
+
+def _long_decoder(model, cost=None, schedule="packed"):
+    return compose(
+        {"model": model, "schedule": schedule, "width": "auto", "max_new_tokens": 250, "cost": cost or SYNTHETIC}
+    )
+
+
+SYNTHETIC = {"tau": 0.007, "delta": 0.0002, "host_s": 0.001}
+
+
+def test_probes_back_off_while_drafts_keep_failing_and_the_wait_carries_over(models, monkeypatch):
+    _plant(monkeypatch, lambda: 0.05)  # drafts (almost) never accepted: AR calls win every estimate
+    decoder = _long_decoder(models[NEMOTRON])
+    with eos_ids(models[NEMOTRON], ()):
+        first = [label for label, _ in decoder.generate(prompt_ids=[3, 5, 7]).metrics.choices]
+        second = [label for label, _ in decoder.generate(prompt_ids=[9, 2]).metrics.choices]
+    assert set(first) == {"ar", "packed/w2"}  # probes use the narrowest width
+    # PROBE_AFTER AR calls (the prompt call included) before the first probe, then twice as many each time
+    assert _ar_runs(first) == [auto_module.PROBE_AFTER * 2**i - 1 for i in range(4)]
+    assert first.count("packed/w2") == 4 * auto_module.PROBE_CALLS
+    assert _ar_runs(second) == [auto_module.PROBE_AFTER_MAX - 1]  # the next request waits as long
+
+
+def test_a_probe_that_finds_good_drafts_switches_and_resets_the_wait(models, monkeypatch):
+    decoder = _long_decoder(models[NEMOTRON])
+    schedule = decoder.schedule
+    judged = []
+
+    def q_of():  # drafts fail until the third probe is judged; from then on, they are always accepted
+        if schedule._judge_probe:
+            judged.append(1)
+        return 0.95 if len(judged) >= 3 else 0.05
+
+    _plant(monkeypatch, q_of)
+    with eos_ids(models[NEMOTRON], ()):
+        labels = [label for label, _ in decoder.generate(prompt_ids=[3, 5, 7]).metrics.choices]
+    runs = _ar_runs(labels)
+    assert runs[:3] == [auto_module.PROBE_AFTER * 2**i - 1 for i in range(3)]
+    switched = sum(runs[:3]) + 3 * auto_module.PROBE_CALLS
+    assert "ar" not in labels[switched:]  # drafting from the successful probe on
+    assert schedule._probe_after == auto_module.PROBE_AFTER
+
+
+def _tie_acceptance(decoder, gain):
+    """The planted acceptance at which the best drafting candidate's estimate is ``gain`` times AR's."""
+    schedule = decoder.schedule
+    free = decoder.builder.traits.free_bonus
+    drafting = [c for c in schedule.candidates(decoder.width) if c.kind != "ar"]
+
+    def ratio(q):
+        rates = [throughput(c, _q(q), schedule.cost.seconds, schedule._row_count, free_bonus=free) for c in drafting]
+        return max(rates) / throughput(
+            Candidate("ar", 0), _q(q), schedule.cost.seconds, schedule._row_count, free_bonus=free
+        )
+
+    low, high = 0.0, 1.0
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if ratio(middle) < gain else (low, middle)
+    return (low + high) / 2
+
+
+@pytest.mark.parametrize("margin", [None, 0.0])
+def test_hysteresis_keeps_the_pick_between_near_equal_candidates(models, monkeypatch, margin):
+    decoder = _long_decoder(models[NEMOTRON])
+    with eos_ids(models[NEMOTRON], ()):
+        decoder.generate(prompt_ids=[3, 5, 7], max_new_tokens=2)  # sets up the schedule's row counting
+    schedule = decoder.schedule
+    # each re-estimate flips which is ahead, AR or the best drafting candidate, by 1% (within SWITCH_MARGIN)
+    planted = [_tie_acceptance(decoder, 1.01), _tie_acceptance(decoder, 1 / 1.01)]
+    estimates = []
+    _plant(monkeypatch, lambda: planted[len(estimates) % 2])
+    if margin is not None:
+        monkeypatch.setattr(auto_module, "SWITCH_MARGIN", margin)
+    estimate = schedule._estimate
+
+    def recorded(state):
+        fresh = schedule._chosen is None or schedule._since_refresh >= auto_module.REFRESH_CALLS
+        chosen = estimate(state)
+        if fresh:
+            estimates.append(chosen.kind == "ar")
+        return chosen
+
+    monkeypatch.setattr(schedule, "_estimate", recorded)
+    with eos_ids(models[NEMOTRON], ()):
+        decoder.generate(prompt_ids=[3, 5, 7])
+    changes = sum(1 for a, b in zip(estimates, estimates[1:], strict=False) if a != b)
+    assert len(estimates) >= 8
+    if margin is None:
+        assert changes <= 1  # the first pick is kept through every wobble
+    else:
+        assert changes >= len(estimates) // 3  # without the margin the pick follows the wobbles
+
+
 # -- the cost model --------------------------------------------------------------------------------------
 
 
@@ -233,6 +388,27 @@ def test_cost_model_interpolates_its_table_and_extrapolates_with_delta():
         CostModel.from_mapping({"tau": 0, "delta": 0})
 
 
+def test_cost_model_grows_linearly_with_the_context_between_its_two_tables():
+    cost = CostModel(
+        0.001,
+        0.0001,
+        table=((1, 0.002), (8, 0.004)),
+        context=64,
+        long_table=((1, 0.0025), (8, 0.006)),
+        long_context=320,
+    )
+    assert cost.model_seconds(8) == pytest.approx(0.004)  # no context: the table's own
+    assert cost.model_seconds(8, 64) == pytest.approx(0.004)
+    assert cost.model_seconds(8, 320) == pytest.approx(0.006)
+    assert cost.model_seconds(8, 192) == pytest.approx(0.005)
+    assert cost.model_seconds(8, 576) == pytest.approx(0.008)  # extrapolated beyond the long table
+    assert cost.model_seconds(4, 320) == pytest.approx(0.0025 + 0.0035 * 3 / 7)
+    assert cost.model_seconds(8, 0) == pytest.approx(0.004)  # never below the short table
+    assert cost.seconds(1, 320) > cost.seconds(1, 64)
+    assert CostModel.from_mapping(cost.to_dict()) == cost
+    assert "320" in cost.describe()
+
+
 def test_calibration_measures_every_row_count_and_is_cached_per_model(models, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
     model = models[SETDLM]
@@ -246,6 +422,8 @@ def test_calibration_measures_every_row_count_and_is_cached_per_model(models, mo
     monkeypatch.setattr(costs_module, "calibrate", counted)
     first = cost_model_for(model)
     assert first.source == "calibrated" and [r for r, _ in first.table] == [1, 4, 16]
+    assert [r for r, _ in first.long_table] == [1, 4, 16] and first.long_context > first.context
+    assert all(long >= short for (_, short), (_, long) in zip(first.table, first.long_table, strict=True))
     assert all(a[1] <= b[1] for a, b in zip(first.table, first.table[1:], strict=False))
     assert first.tau >= 0 and first.delta >= 0 and first.key == model_key(model)
     again = cost_model_for(model)

@@ -110,6 +110,12 @@ class AcceptanceStats:
         return out
 
 
+#: An observed call's ratio to its expectation is clipped to [1 / OUTLIER, OUTLIER] before it is averaged:
+#: a call descheduled by another process's burst (several times its usual seconds) moves the load by a
+#: bounded step instead of dominating it.
+OUTLIER = 2.0
+
+
 class CallTimes:
     """How far the observed seconds per call are from the cost model's predictions: overall and by candidate.
 
@@ -148,6 +154,8 @@ class CallTimes:
         if not self._seen_any:  # the first call sets the load, not a bias
             self.load, self._seen_any = ratio, True
         bias = self._bias.get(label)
+        expected = self.load * (bias or 1.0)
+        ratio = min(max(ratio, expected / OUTLIER), expected * OUTLIER)  # one stalled call moves little
         own = ratio / self.load
         self._bias[label] = own if bias is None else self.bias_decay * bias + (1 - self.bias_decay) * own
         self.load = self.decay * self.load + (1 - self.decay) * ratio / self._bias[label]
