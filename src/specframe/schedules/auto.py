@@ -214,12 +214,13 @@ class AutoSchedule(Schedule):
         self._stats.start_request()
         self._offsets = {}
         self._current = None
-        self._chosen = None
         self._probe_left = 0
         self._judge_probe = False
         self._ar_streak = 0
+        # The last request's pick carries over, re-estimated (with hysteresis) against its neighbours at the
+        # first call; every candidate is scanned FULL_SCAN_CALLS calls later (or now, on a first request).
         self._since_refresh = REFRESH_CALLS
-        self._since_scan = FULL_SCAN_CALLS
+        self._since_scan = 0 if self._chosen is not None else FULL_SCAN_CALLS
         self._synthetic = replace(state.ctx, eos_token_ids=frozenset(), stop_sequences=())
 
     def candidates(self, maximum: int) -> list[Candidate]:
