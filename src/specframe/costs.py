@@ -6,10 +6,12 @@ the decoder's own work per call (planning, layout, acceptance: ``host_s``). Each
 cached position, so a call costs more late in a long generation. :func:`calibrate` times forwards of a few
 row counts against a cached prefix of :data:`CONTEXT` positions and against one of :data:`LONG_CONTEXT`, in
 interleaved rounds (each round visits the (context, rows) pairs in a shuffled order, so a burst of load from
-other processes hits all of them alike), keeps the median of each, and fits tau and delta by least squares
-on the short context's medians. The medians form two tables, one per context: :meth:`CostModel.seconds`
-interpolates in the rows within each (beyond them it extrapolates with delta) and linearly in the context
-between them.
+other processes hits all of them alike), keeps the lower quartile of each (what the machine does while
+other processes leave it alone: the decoder scales the whole model by the load it observes, see
+:class:`specframe.choice.stats.CallTimes`, so the table should describe the machine, not the load of the
+moment it was measured), and fits tau and delta by least squares on the short context's quartiles. The
+quartiles form two tables, one per context: :meth:`CostModel.seconds` interpolates in the rows within each
+(beyond them it extrapolates with delta) and linearly in the context between them.
 
 Cost models are cached per model identity, device, dtype, thread count, compilation and torch version,
 under ``$SPECFRAME_CACHE_DIR`` (default: ``$XDG_CACHE_HOME/specframe`` or ``~/.cache/specframe``), so the
@@ -41,6 +43,11 @@ CONTEXT = 64
 #: The longer cached prefix the same row counts are also timed against, to measure the context term gamma
 #: (a typical request's prompt plus a few hundred generated tokens).
 LONG_CONTEXT = 320
+#: Which quantile of each (context, rows) pair's timings the tables keep: the lower quartile. The median
+#: of a calibration taken while other processes run is inflated by their bursts, and unevenly (short calls
+#: lose relatively more to a descheduling than long ones), which flattens the table and favours wide
+#: drafts; the fastest timings describe the machine, and the decoder's observed load scales them.
+QUANTILE = 0.25
 #: Bump when the calibration procedure changes, so that old cache files are not reused.
 VERSION = 2
 
@@ -52,11 +59,11 @@ class CostModel:
     Attributes:
         tau: Fitted fixed model seconds per call.
         delta: Fitted model seconds per row.
-        table: ``(rows, median seconds)`` measured by the calibration, by increasing rows (may be empty: then
+        table: ``(rows, seconds)`` (lower quartile) measured by the calibration, by increasing rows (may be empty: then
             ``tau + delta * rows`` is used everywhere).
         host_s: Decoder seconds per call outside the model (planning, layout, acceptance).
         context: Cached positions ``table`` (and tau, delta) were measured with.
-        long_table: ``(rows, median seconds)`` over ``long_context`` cached positions (may be empty: then the
+        long_table: ``(rows, seconds)`` over ``long_context`` cached positions (may be empty: then the
             cost does not depend on the context).
         long_context: Cached positions ``long_table`` was measured with.
         key: What the model was calibrated for (model identity, device, dtype, threads, ...).
@@ -145,10 +152,10 @@ class CostModel:
         ]
         if self.table:
             longs = dict(self.long_table)
-            lines.append("rows  median model ms  fit ms" + (f"  at {self.long_context} positions" if longs else ""))
+            lines.append("rows  model ms  fit ms" + (f"  at {self.long_context} positions" if longs else ""))
             lines += [
-                f"{r:4d}  {1e3 * s:15.3f}  {1e3 * (self.tau + self.delta * r):6.3f}"
-                + (f"  {1e3 * longs[r]:15.3f}" if r in longs else "")
+                f"{r:4d}  {1e3 * s:8.3f}  {1e3 * (self.tau + self.delta * r):6.3f}"
+                + (f"  {1e3 * longs[r]:8.3f}" if r in longs else "")
                 for r, s in self.table
             ]
         for name, value in self.key.items():
@@ -299,7 +306,7 @@ def calibrate(
             shuffle.shuffle(order)
             for pair in order:
                 samples[pair].append(timed(pair))
-    medians = {pair: statistics.median(values) for pair, values in samples.items()}
+    medians = {pair: _quantile(values, QUANTILE) for pair, values in samples.items()}
     table = tuple(_monotone([(r, medians[context, r]) for r in counts]))
     tau, delta = fit(table)
     long_table: tuple[tuple[int, float], ...] = ()
@@ -343,6 +350,12 @@ def cost_model_for(
     cost = calibrate(model, host_s=host_s)
     save(cost)
     return cost
+
+
+def _quantile(values: Sequence[float], share: float) -> float:
+    """The ``share`` quantile of ``values`` (nearest rank from below: the minimum of up to 4 values at 0.25)."""
+    ordered = sorted(values)
+    return ordered[int(share * (len(ordered) - 1))]
 
 
 def _interpolate(table: Sequence[tuple[int, float]], rows: int, tau: float, delta: float) -> float:

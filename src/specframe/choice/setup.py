@@ -90,8 +90,8 @@ def decoder_overhead(model: ModelBackend, builder: MaskBuilder, order: OrderPoli
     prompt = [ordinary[(7 * i) % len(ordinary)] for i in range(8)]
     saved = model.eos_token_ids
     model.eos_token_ids = ()  # run the full 24 tokens
-    try:
-        metrics = decoder.generate(prompt_ids=prompt).metrics
+    try:  # the fastest of 3 runs: like the model's table, the machine's cost, not a burst of load
+        runs = [decoder.generate(prompt_ids=prompt).metrics for _ in range(3)]
     finally:
         model.eos_token_ids = saved
-    return metrics.non_model_s / max(metrics.nfe, 1)
+    return min(m.non_model_s / max(m.nfe, 1) for m in runs)

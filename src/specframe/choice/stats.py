@@ -164,6 +164,10 @@ class CallTimes:
         """Whether a call of ``label`` has been timed."""
         return label in self._counts
 
+    def count(self, label: str) -> int:
+        """How many calls of ``label`` have been timed."""
+        return int(self._counts.get(label, 0))
+
     def correct(self, label: str, predicted: float) -> float:
         """The seconds per call to expect of ``label``, given the cost model's ``predicted``."""
         load = min(max(self.load, 0.5), 3.0)

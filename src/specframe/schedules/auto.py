@@ -52,9 +52,12 @@ PROBE_AFTER = 16
 PROBE_AFTER_MAX = 128
 #: Calls a probe lasts: the drafting call and the call that verifies its draft.
 PROBE_CALLS = 2
-#: A candidate never timed is tried (for PROBE_CALLS calls) when its estimate is within this share of the
-#: best one's: the cost model is a prediction, and only timed calls correct it.
+#: A candidate timed fewer than TIMED calls is tried (for PROBE_CALLS calls) when its estimate is within
+#: this share of the best one's: the cost model is a prediction, and only timed calls correct it.
 PLAUSIBLE = 0.85
+#: Timed calls after which a candidate's own correction is trusted enough not to be tried again for timing
+#: (its bias then counts for TIMED / (TIMED + trust) = 2/3: see :class:`specframe.choice.stats.CallTimes`).
+TIMED = 6
 #: A candidate whose farthest draft offset was checked fewer times than this (over every request) is tried
 #: when plausible (see PLAUSIBLE), so that acceptance is measured, not guessed, where it decides the choice.
 EXPLORED = 4
@@ -289,9 +292,9 @@ class AutoSchedule(Schedule):
         """The most promising candidate near the pick that is worth a trial of PROBE_CALLS calls, if any.
 
         A candidate is worth trying when its estimate is within PLAUSIBLE of the pick's and it rests on a
-        guess: it was never timed (with a measured cost model: only timed calls correct the prediction),
-        or its farthest drafts were checked fewer than EXPLORED times by any request (their acceptance is
-        the prior's, lowered by the falloff; see :mod:`specframe.choice.stats`).
+        guess: it was timed fewer than TIMED calls (with a measured cost model: only timed calls correct
+        the prediction), or its farthest drafts were checked fewer than EXPLORED times by any request
+        (their acceptance is the prior's, lowered by the falloff; see :mod:`specframe.choice.stats`).
         """
         timing = self._times is not None
         if timing and not self._times.seen(chosen.label):
@@ -303,7 +306,7 @@ class AutoSchedule(Schedule):
             if c != chosen
             and _near(c, chosen)
             and self.rates.get(c.label, 0.0) >= PLAUSIBLE * best_rate
-            and ((timing and not self._times.seen(c.label)) or self._unexplored(c))
+            and ((timing and self._times.count(c.label) < TIMED) or self._unexplored(c))
         ]
         return max(near, key=lambda c: self.rates[c.label]) if near else None
 
