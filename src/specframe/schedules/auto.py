@@ -219,8 +219,8 @@ class AutoSchedule(Schedule):
         self._current = None
         self._probe_left = 0
         self._judge_probe = False
-        self._ar_streak = 0
-        # The last request's pick carries over, re-estimated (with hysteresis) against its neighbours at the
+        # The last request's pick carries over (so do the run of AR calls and the wait before a probe: short
+        # requests still probe), re-estimated (with hysteresis) against its neighbours at the
         # first call; every candidate is scanned FULL_SCAN_CALLS calls later (or now, on a first request).
         self._since_refresh = REFRESH_CALLS
         self._since_scan = 0 if self._chosen is not None else FULL_SCAN_CALLS
