@@ -6,12 +6,20 @@ Usage::
     python scripts/perf_report.py --model setdlm-stdlib-tiny --json out.json
     python scripts/perf_report.py --model /path/to/ckpt --dtype bfloat16 --no-compile
     python scripts/perf_report.py --quick                  # a smoke run (few tokens, no compiled path)
+    python scripts/perf_report.py --model /path/to/156M-ckpt --calls-only   # floor and calls of a large model
+
+A 156M-parameter random checkpoint, memory-bound like real models::
+
+    python scripts/make_random_checkpoints.py /tmp/big --family nemotron-labs-diffusion --no-tokenizer \\
+        --set hidden_size=1024 --set intermediate_size=2880 --set num_hidden_layers=8 \\
+        --set num_attention_heads=16 --set num_key_value_heads=4 --set head_dim=64 --set vocab_size=32000
 
 It prints, all measured in this one process with the runs interleaved (so that a busy machine slows every
 method alike; the ratios are what to read):
 
 1. the weight-streaming floor: the time of one 1-row product over a matrix holding as many bytes as the
-   model's weights, and the memory copy bandwidth;
+   model's weights, the same over the bytes a 1-row call must read (the weights less the input
+   embedding), and the memory copy bandwidth;
 2. the call-cost fit ``time = tau + delta x rows`` of single model calls over a 128-row cache, per path
    (``reference``: one op per checkpoint tensor; ``eager``: the default fast path; ``compiled``), the
    1-row call against the floor, and the ridge point ``tau / delta`` (rows at which a call costs twice a
@@ -21,8 +29,9 @@ method alike; the ratios are what to read):
    path, and Packed-SS / Linear-SS at W=4 and 8 on the eager and compiled paths, as tokens/s and ratios;
 4. the non-model share of wall time (``bench``'s ``non_model_share``) of each method.
 
-The first compiled call of each row count compiles a graph (tens of seconds on a small CPU; inductor caches
-the code on disk, so a second run only re-traces); that warm-up is reported separately and not timed.
+The compiled path has two graphs, one for 1-row calls and one for every larger row count; compiling them
+(tens of seconds on a small CPU; inductor caches the code on disk, so a second run only re-traces) is
+reported separately and not timed.
 """
 
 from __future__ import annotations
@@ -46,7 +55,6 @@ from specframe.models import load_model
 from specframe.models.hub import resolve_source
 
 CALL_ROWS = (1, 2, 4, 10, 18, 34)
-COMPILED_CALL_ROWS = (1, 10, 18)  # the steady rows of ar and Packed-SS W=4 / W=8 on Nemotron: graphs shared
 CONTEXT = 128
 PROMPT = "def fibonacci(n):\n    "
 
@@ -69,6 +77,18 @@ def weight_bytes(model: Any) -> int:
         if key not in seen:
             seen.add(key)
             total += p.numel() * p.element_size()
+    return total
+
+
+def streamed_bytes(model: Any) -> int:
+    """Bytes a 1-row call must stream: the weights less the input embedding (a call reads one row of it).
+
+    With tied embeddings the table is the output layer too, and is streamed.
+    """
+    total = weight_bytes(model)
+    if model.network.head is not None:
+        embed = model.network.body.embed_tokens.weight
+        total -= embed.numel() * embed.element_size()
     return total
 
 
@@ -151,17 +171,17 @@ def call_costs(model: Any, paths: list[str], repeats: int, quick: bool) -> dict[
     for path in paths:
         set_path(model, path)
         caches[path] = prefilled_cache(model, CONTEXT, CONTEXT + max(CALL_ROWS))
-        rows = COMPILED_CALL_ROWS if path == "compiled" else CALL_ROWS
-        if path == "compiled":  # compile every measured row count now (untimed), then reuse the graphs
+        if path == "compiled":  # compile the graphs now (untimed): one for 1 row, one for every larger count
             started = time.perf_counter()
-            for r in rows:
-                call_ms(model, caches[path], r, 4)  # the third call of a row count compiles its graph
-            log(f"compiled call graphs for rows {list(rows)} in {time.perf_counter() - started:.1f} s")
+            for r in (1, 2):
+                call_ms(model, caches[path], r, 4)  # the third call of a kind compiles its graph
+            log(
+                f"compiled {len(model.compiled.graphs)} call graphs in {time.perf_counter() - started:.1f} s "
+                f"(compilation {model.compiled.compile_seconds:.1f} s)"
+            )
         out[path] = {"ms_by_rows": {}, "cpu_ms_by_rows": {}}
     for r in CALL_ROWS[:3] if quick else CALL_ROWS:
         for path in paths:
-            if path == "compiled" and r not in COMPILED_CALL_ROWS:
-                continue
             set_path(model, path)
             call_ms(model, caches[path], r, 1)  # warm
             out[path]["ms_by_rows"][r], out[path]["cpu_ms_by_rows"][r] = call_ms(model, caches[path], r, repeats)
@@ -279,7 +299,8 @@ def generation(
         decoder = compose({"model": model, "schedule": schedule, "width": width, "max_new_tokens": tokens})
         for ids in prompt_ids:
             decoder.generate(prompt_ids=ids)
-    log(f"warm-up generations (incl. compilation) took {time.perf_counter() - warm:.1f} s")
+    warmup_seconds = time.perf_counter() - warm
+    log(f"warm-up generations (incl. compilation) took {warmup_seconds:.1f} s")
     names = list(runs)
     for repeat in range(repeats):
         totals = {name: {"wall_s": 0.0, "cpu_s": 0.0, "tokens": 0} for name in names}
@@ -327,7 +348,12 @@ def generation(
         }
     reference = outputs.get("ar [eager]", [])
     agree = {name: all(a == b for a, b in zip(outs, reference, strict=True)) for name, outs in outputs.items()}
-    return {"methods": table, "same_tokens_as_ar_eager": agree, "prompts": len(prompt_ids)}
+    return {
+        "methods": table,
+        "same_tokens_as_ar_eager": agree,
+        "prompts": len(prompt_ids),
+        "warmup_seconds": warmup_seconds,
+    }
 
 
 # --- report -------------------------------------------------------------------------------------------------
@@ -351,22 +377,24 @@ def ratios(gen: dict[str, Any], paths: list[str], widths: list[int], key: str) -
 
 
 def _calls_table(result: dict[str, Any], key: str, fitted: str) -> list[str]:
-    floor = result["floor"]["floor_ms"]
+    floor, streamed = result["floor"]["floor_ms"], result["floor"]["streamed_floor_ms"]
     header = (
         "| path | "
         + " | ".join(f"{r} rows" for r in CALL_ROWS)
-        + " | tau ms | delta ms/row | ridge rows | 1 row / floor |"
+        + " | tau ms | delta ms/row | ridge rows | 1 row / floor | 1 row / streamed floor | 18 rows / 1 row |"
     )
-    lines = [header, "|" + " --- |" * (len(CALL_ROWS) + 5)]
+    lines = [header, "|" + " --- |" * (len(CALL_ROWS) + 7)]
+    nan = float("nan")
     for path, entry in result["calls"].items():
         measured = entry[key]
         cells = [f"{measured[r]:.3f}" if r in measured else "-" for r in CALL_ROWS]
         fit_ = entry.get(fitted, {})
         one = measured.get(1)
         lines.append(
-            f"| {path} | " + " | ".join(cells) + f" | {fit_.get('tau_ms', float('nan')):.3f} | "
-            f"{fit_.get('delta_ms', float('nan')):.4f} | {fit_.get('ridge_rows', float('nan')):.1f} | "
-            f"{(one / floor) if one else float('nan'):.2f} |"
+            f"| {path} | " + " | ".join(cells) + f" | {fit_.get('tau_ms', nan):.3f} | "
+            f"{fit_.get('delta_ms', nan):.4f} | {fit_.get('ridge_rows', nan):.1f} | "
+            f"{(one / floor) if one else nan:.2f} | {(one / streamed) if one else nan:.2f} | "
+            f"{(measured[18] / one) if one and 18 in measured else nan:.2f} |"
         )
     return lines
 
@@ -383,6 +411,15 @@ def render(result: dict[str, Any]) -> str:
         f"- weights {result['weight_bytes'] / 2**20:.1f} MiB ({result['parameters'] / 1e6:.1f}M parameters, "
         f"prepacked: {result['prepacked']}); weight-streaming floor {f['floor_ms']:.3f} ms (fastest 1-row product "
         f"over as many bytes; median {f['floor_ms_median']:.3f}); copy bandwidth {f['copy_gb_s']:.1f} GB/s",
+        f"- streamed floor {f['streamed_floor_ms']:.3f} ms: the same over the {result['streamed_bytes'] / 2**20:.1f} "
+        "MiB a 1-row call must read (the weights less the input embedding, of which a call reads one row)",
+    ]
+    if result.get("compile_seconds") is not None:
+        lines.append(
+            f"- compiled path: graphs {result['graphs']}, compiled (or loaded from inductor's disk cache) in "
+            f"{result['compile_seconds']:.1f} s"
+        )
+    lines += [
         "",
         f"## Model calls over a {CONTEXT}-row cache: fastest wall ms of {result['call_repeats']}",
         "",
@@ -393,6 +430,8 @@ def render(result: dict[str, Any]) -> str:
         *_calls_table(result, "cpu_ms_by_rows", "cpu_fit"),
     ]
     gen = result["generation"]
+    if gen is None:
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"## Greedy generation: {gen['prompts']} smoke prompts, up to {result['tokens']} tokens each "
@@ -412,11 +451,9 @@ def render(result: dict[str, Any]) -> str:
     lines += ["", "## Ratios (wall / CPU time)", ""]
     for name, value in result["ratios"].items():
         lines.append(f"- {name}: {value:.2f}x / {result['cpu_ratios'].get(name, float('nan')):.2f}x")
-    if result.get("compile_seconds") is not None:
-        lines.append(
-            f"- compiled-path warm-up (compilation, or loading it from inductor's disk cache): "
-            f"{result['compile_seconds']:.1f} s"
-        )
+    total = gen.get("warmup_seconds")
+    if total is not None:
+        lines.append(f"- warm-up generations (all methods once, untimed; includes any compilation): {total:.1f} s")
     return "\n".join(lines) + "\n"
 
 
@@ -433,6 +470,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, default=4, help="smoke-task prompts per generation run")
     parser.add_argument("--threads", type=int, help="torch threads (default: specframe's thread policy)")
     parser.add_argument("--no-compile", action="store_true", help="leave out the compiled path")
+    parser.add_argument(
+        "--calls-only",
+        action="store_true",
+        help="only the floor and the model calls (no generation): for large checkpoints",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 16 tokens, 1 repeat, no compiled path")
     parser.add_argument("--json", help="also write the figures as JSON to this file ('-': do not)")
     args = parser.parse_args(argv)
@@ -459,8 +501,13 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     nbytes = weight_bytes(model)
     log(f"{model.name}: {nbytes / 2**20:.1f} MiB of weights, {torch.get_num_threads()} thread(s), load {load:.2f}")
     floor = streaming_floor(nbytes, model.dtype, torch.device(model.device))
+    streamed = streamed_bytes(model)
+    floor["streamed_floor_ms"] = streaming_floor(streamed, model.dtype, torch.device(model.device))["floor_ms"]
     calls = call_costs(model, paths, args.call_repeats, args.quick)
-    gen = generation(model, args.model, paths, args.tokens, args.repeats, widths, args.prompts)
+    compile_seconds = model.compiled.compile_seconds if model.compiled is not None else None
+    gen = None
+    if not args.calls_only:
+        gen = generation(model, args.model, paths, args.tokens, args.repeats, widths, args.prompts)
     result = {
         "model": model.name,
         "device": str(model.device),
@@ -470,15 +517,17 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "load_average": load,
         "parameters": model.num_parameters,
         "weight_bytes": nbytes,
+        "streamed_bytes": streamed,
         "floor": floor,
         "calls": calls,
         "tokens": args.tokens,
         "repeats": args.repeats,
         "call_repeats": args.call_repeats,
         "generation": gen,
-        "ratios": ratios(gen, paths, widths, "tokens_per_s"),
-        "cpu_ratios": ratios(gen, paths, widths, "tokens_per_cpu_s"),
-        "compile_seconds": model.compiled.compile_seconds if model.compiled is not None else None,
+        "ratios": {} if gen is None else ratios(gen, paths, widths, "tokens_per_s"),
+        "cpu_ratios": {} if gen is None else ratios(gen, paths, widths, "tokens_per_cpu_s"),
+        "compile_seconds": compile_seconds,
+        "graphs": None if model.compiled is None else sorted(model.compiled.graphs),
         "prepacked": model.fast.prepacked,
     }
     result["text"] = render(result)

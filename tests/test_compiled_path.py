@@ -66,7 +66,9 @@ def test_graphs_are_used_and_bounded(pairs):
         result = generate(graphs, "packed", [1, 2, 3], 16, width=3)
         assert result.output_ids == generate(eager, "ar", [1, 2, 3], 16).output_ids
         assert graphs.compiled.graph_calls > before  # steady-state calls ran as graphs
-        assert len(graphs.compiled.graphs) <= compiled_module.MAX_GRAPHS
+        for schedule, width in (("packed", 5), ("linear", 2), ("quadratic", 3), ("ar", 1)):
+            generate(graphs, schedule, [4, 5], 30, width=width)
+        assert set(graphs.compiled.graphs) <= {"one", "many"}  # every width and schedule shares the two graphs
 
 
 def test_caches_have_a_fixed_zeroed_capacity_and_reuse_free_buffers(pairs):
@@ -82,22 +84,30 @@ def test_caches_have_a_fixed_zeroed_capacity_and_reuse_free_buffers(pairs):
     assert again.keys.data_ptr() == pointer and not again.keys.any()
 
 
-def test_fewer_rows_are_padded_to_a_compiled_graph(pairs):
+def test_one_graph_serves_every_row_count_and_capacity(pairs):
     eager, graphs = pairs[SETDLM]
+    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
     compiled = graphs.compiled
-    cache, reference = graphs.new_cache(40), eager.new_cache(40)
-    ids = torch.arange(100) % (VOCAB - 2)
-    for model, c in ((graphs, cache), (eager, reference)):
-        model.forward(c, ids[:6], torch.arange(6), torch.ones(6, 6, dtype=torch.bool).tril())
-        c.commit(list(range(6)))
-    rows = max(r for r, _ in compiled.graphs)  # a compiled row count
-    small = (rows + 1) // 2 + 1
-    attention = torch.ones(small, small, dtype=torch.bool).tril()
-    before = compiled.graph_calls
-    got = graphs.forward(cache, ids[6 : 6 + small], torch.arange(6, 6 + small), attention)
-    expected = eager.forward(reference, ids[6 : 6 + small], torch.arange(6, 6 + small), attention)
-    assert compiled.graph_calls == before + 1
-    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+    ids = torch.arange(300) % (VOCAB - 2)
+    for capacity, prompt in ((40, 6), (CAPACITY_STEP + 10, 9)):  # two cache capacities
+        cache, reference = graphs.new_cache(capacity), eager.new_cache(capacity)
+        for model, c in ((graphs, cache), (eager, reference)):
+            model.forward(c, ids[:prompt], torch.arange(prompt), torch.ones(prompt, prompt, dtype=torch.bool).tril())
+            c.commit(list(range(prompt)))
+        start = prompt
+        for rows in (1, 5, 2, 7, 1, 3):
+            attention = torch.rand(rows, rows, generator=torch.Generator().manual_seed(rows)) < 0.5
+            attention |= torch.eye(rows, dtype=torch.bool)
+            before = compiled.graph_calls
+            span = (ids[start : start + rows], torch.arange(start, start + rows), attention)
+            got = graphs.forward(cache, *span)
+            expected = eager.forward(reference, *span)
+            assert compiled.graph_calls == before + 1
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+            for c in (cache, reference):
+                c.commit(list(range(rows)))
+            start += rows
+    assert set(compiled.graphs) == {"one", "many"}
 
 
 def test_compile_without_a_cpu_compiler_is_a_clear_error(pairs, monkeypatch):
@@ -116,7 +126,7 @@ def test_inductor_graphs_reproduce_ar_in_float64(tmp_path, family):
     graphs = tiny_model(family, tmp_path / "graphs", vocab=VOCAB, seed=2)
     compose({"model": graphs, "schedule": "ar", "compile": True})
     prompts = [[1, 2, 3, 4], [7]]
-    for schedule in ("ar", "packed", "linear"):  # quadratic adds a graph; aot_eager covers its shapes above
+    for schedule in ("ar", "packed", "linear", "quadratic"):  # all share the 1-row and the many-row graph
         for prompt in prompts:
             expected = generate(eager, "ar", prompt, 14).output_ids
             assert generate(graphs, schedule, prompt, 14, width=3).output_ids == expected, (schedule, prompt)

@@ -120,7 +120,9 @@ def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = Tru
         "--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS, else chosen from model size and free cores)"
     )
     parser.add_argument(
-        "--compile", action="store_true", help="compiled model calls with static shapes (torch.compile; slow warm-up)"
+        "--compile",
+        action="store_true",
+        help="compiled model calls over a fixed-capacity cache (torch.compile; slow warm-up)",
     )
     parser.add_argument(
         "--stop",

@@ -73,7 +73,7 @@ class DecoderConfig:
         stop: Stop sequences: strings (tokenized without special tokens) or lists of token ids.
         threads: CPU threads for torch (``None``: ``OMP_NUM_THREADS`` if set, else chosen from the model's
             size and the machine's free cores; see :mod:`specframe.models.threads`).
-        compile: Run steady-state model calls as compiled graphs with static shapes (``torch.compile``;
+        compile: Run steady-state model calls as compiled graphs over a fixed-capacity cache (``torch.compile``;
             CUDA graphs on CUDA); see :mod:`specframe.models.compiled`.
         cost: The cost model a width or schedule ``"auto"`` chooses by: ``None`` (this machine's, calibrated
             once and cached on disk), a :class:`~specframe.costs.CostModel`, or a mapping such as

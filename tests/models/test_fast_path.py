@@ -96,3 +96,53 @@ def test_projection_uses_prepacked_kernel_where_it_wins_and_agrees_with_f_linear
 def test_float64_never_prepacks():
     weight = torch.randn(PACK_MIN_ELEMENTS // 256, 256, dtype=torch.float64)
     assert Projection(weight, prepack=True).packed is None
+
+
+# --- the compiled path's graphs (aot_eager: the same traced graphs, no code generation) --------------------
+@pytest.fixture
+def compile_at_once(monkeypatch):
+    from specframe.models import compiled
+
+    monkeypatch.setattr(compiled, "COMPILE_AFTER", 1)
+
+
+def _compiled(model):
+    model.enable_compiled(backend="aot_eager")
+    return model
+
+
+def test_compiled_graphs_equal_reference_with_adapter_rows(nemotron_dir, compile_at_once):
+    adapted = _compiled(load_model(nemotron_dir, dtype="float64", adapter=True))
+    rows = torch.tensor([False] * 5 + [True] * 4)
+    graphs = _two_calls(adapted, rows)
+    assert adapted.compiled.graph_calls == 1  # the prompt ran eagerly, the second call as a graph
+    adapted.path = "reference"
+    reference = _two_calls(adapted, rows)
+    torch.testing.assert_close(graphs[1], reference[1], rtol=0, atol=1e-11)
+
+
+def test_compiled_graphs_follow_in_place_edits(nemotron_dir, compile_at_once):
+    model = _compiled(load_model(nemotron_dir, dtype="float64"))
+    before = _two_calls(model)[1]
+    with torch.no_grad():
+        model.network.body.layers[1].mlp.down_proj.weight.mul_(0.5)
+    after = _two_calls(model)[1]
+    model.path = "reference"
+    torch.testing.assert_close(after, _two_calls(model)[1], rtol=0, atol=1e-11)
+    assert not torch.allclose(after, before)
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+def test_compiled_graphs_use_the_prepacked_kernels_in_bfloat16(setdlm_dir, compile_at_once):
+    reference = load_model(setdlm_dir, dtype="float64")
+    exact = _two_calls(reference)[1].float()
+    model = load_model(setdlm_dir, dtype="bfloat16")
+    assert model.fast.prepacked
+    eager = _two_calls(model)[1]
+    _compiled(model)
+    graphs = _two_calls(model)[1]
+    assert model.compiled.graph_calls == 1
+    step = model.compiled.graphs["many"].args[0]  # the GraphStep the graph was traced from
+    assert all(set(layer.packed) == {"qkv", "o", "gate_up", "down"} for layer in step.layers)
+    # bfloat16 rounds differently in the two attention formulations: as close to float64 as the eager path
+    assert (graphs - exact).abs().max() <= 2 * (eager - exact).abs().max()

@@ -1,27 +1,38 @@
-"""The compiled path: steady-state model calls as ``torch.compile`` graphs with static shapes.
+"""The compiled path: steady-state model calls as ``torch.compile`` graphs over a fixed-capacity cache.
 
-A schedule's steady-state calls all have the same row count (Packed-SS on Nemotron: ``2(W+1)``; AR: 1), so
-one graph with fixed shapes serves all of them:
+A schedule's steady-state calls repeat a few shapes (AR: 1 row; Packed-SS on Nemotron: ``2(W+1)`` rows), so
+a couple of graphs serve all of them:
 
-* the KV cache has a fixed capacity, rounded up to :data:`CAPACITY_STEP` rows so that prompts of different
-  lengths share graphs, and zero-filled so that rows not yet written hold no NaN;
+* the KV cache has a fixed capacity, rounded up to :data:`CAPACITY_STEP` rows so that buffers are reused
+  across requests, and zero-filled so that rows not yet written hold no NaN;
 * attention runs over the whole capacity under a mask built inside the graph from the cache length (a 0-d
   tensor, not a Python int: it changes every call without recompiling): cached rows below the length, plus
   the call's own ``[R, R]`` mask. The new rows' keys and values are graph outputs, written into the cache
   after the call; the softmax spans the cached and the new scores, so nothing is sliced or concatenated
   at the capacity's size;
-* the model knows no schedule: it learns the steady row counts by counting. A row count is compiled once
-  it has occurred :data:`COMPILE_AFTER` times; a call with fewer rows than a compiled graph (the last calls
-  of a request) is padded to it when the padding at most doubles the rows; at most :data:`MAX_GRAPHS`
-  graphs are kept; everything else -- the prompt's first call above all -- runs the eager path.
+* two graphs per model at most: one for 1-row calls (AR, the last calls of a request) and one for calls of
+  2 or more rows, whose row count is symbolic. The capacity is symbolic in both. Every width and schedule
+  therefore shares the second graph, and a longer request does not compile again (each graph costs tens
+  of seconds of C++ compilation on a small CPU; up to 4 graphs fixed per row count and capacity,
+  the previous design, took minutes on a 156M-parameter model);
+* matrix products use the eager path's kernels (:mod:`specframe.models.kernels`): inductor's own ``mm``
+  where the eager path uses ``F.linear``, and the ``specframe::project`` operator, which picks the kernel
+  by row count at run time, for matrices with a prepacked oneDNN copy. A graph cannot take the opaque
+  prepacked tensor as an input, and inductor's freezing, which would prepack by itself, disables its
+  disk cache;
+* the model knows no schedule: it learns which graphs it needs by counting. A graph is compiled once calls
+  of its kind have occurred :data:`COMPILE_AFTER` times; the prompt's first call (an empty cache) runs the
+  eager path.
 
-Compilation uses inductor (a C++ compiler on the CPU) and its on-disk cache, so a second process reuses the
-generated code and only re-traces. On CUDA the graphs are also captured as CUDA graphs
-(``mode="reduce-overhead"``), with the cache buffers marked as static addresses and reused across requests.
+Compilation uses inductor (a C++ compiler on the CPU) and its on-disk caches, so a second process reuses
+the generated code and only re-traces. On CUDA the graphs are also captured as CUDA graphs
+(``mode="reduce-overhead"``, one per row count), with the weights and the cache buffers marked as static
+addresses and reused across requests.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -34,19 +45,29 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from specframe.errors import ConfigError
 from specframe.models.cache import KVCache
-from specframe.models.fast import FastForward
+from specframe.models.fast import FastForward, _Layer
+
+_PACKED_IN_GRAPHS = True  # False: inductor's mm everywhere (for comparisons)
+_LEAN_CODE = True  # False: inductor's default run-time checks in the generated code (for comparisons)
 
 CAPACITY_STEP = 256
 """KV-cache capacities are rounded up to a multiple of this many rows."""
 
-COMPILE_AFTER = 3
-"""Occurrences of a row count before a graph is compiled for it."""
+CPP_WRAPPER_MAX_BYTES = 64 * 2**20
+"""Models with at most this many bytes of weights get a C++ wrapper for their 1-row graph on the CPU.
 
-MAX_GRAPHS = 4
-"""Most compiled graphs kept per model (each costs a compilation)."""
+Measured on the bundled model (16 MiB): the C++ wrapper made 1-row calls 10-15 % faster (the Python code
+that calls a graph's ~50 kernels costs a few hundred microseconds) but compiling both graphs took 60 s
+instead of 40 s; on a model whose 1-row call takes tens of milliseconds the gain is below 1 %. Graphs
+calling specframe's own operator (prepacked matrices) keep the Python wrapper.
+"""
+
+COMPILE_AFTER = 3
+"""Calls of a kind (1 row, or more) before its graph is compiled."""
 
 
 def compiler_problem(device: torch.device) -> str | None:
@@ -89,15 +110,15 @@ class CompiledPath:
         self.fast = fast
         self.backend = backend
         self.cuda = fast.device.type == "cuda"
-        self.seen: Counter[tuple[int, int]] = Counter()
-        self.graphs: dict[tuple[int, int], Callable] = {}
+        self.seen: Counter[str] = Counter()
+        self.graphs: dict[str, Callable] = {}
         self.compile_seconds = 0.0
         self.graph_calls = 0
         self.eager_calls = 0
         self._pool: dict[int, tuple[torch.Tensor, torch.Tensor, weakref.ref | None]] = {}
-        self._warm: set[tuple[int, int]] = set()
-        if self.cuda:
-            _mark_static(fast)
+        self._warm: set[str] = set()
+        self._cpp_wrapper: set[str] = set()  # graphs whose kernels are called from C++
+        self._length = torch.zeros((), dtype=torch.int64, device=fast.device)  # the cache length, as graph input
 
     # -- caches --------------------------------------------------------------------------------------------
     def new_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> KVCache:
@@ -121,21 +142,25 @@ class CompiledPath:
         return cache
 
     # -- calls ---------------------------------------------------------------------------------------------
-    def _graph_for(self, rows: int, capacity: int) -> tuple[int, Callable] | None:
-        """The compiled graph (and its row count) to run ``rows`` rows with, compiling one if due."""
-        fits = [r for r, c in self.graphs if c == capacity and rows <= r <= 2 * rows]
-        if fits:
-            size = min(fits)
-            return size, self.graphs[(size, capacity)]
-        key = (rows, capacity)
-        self.seen[key] += 1
-        if self.seen[key] < COMPILE_AFTER or len(self.graphs) >= MAX_GRAPHS:
+    def _graph_for(self, rows: int) -> tuple[str, Callable] | None:
+        """The compiled graph for ``rows`` rows (``"one"`` or ``"many"``), compiling it if due."""
+        kind = "one" if rows == 1 else "many"
+        graph = self.graphs.get(kind)
+        if graph is not None:
+            return kind, graph
+        self.seen[kind] += 1
+        if self.seen[kind] < COMPILE_AFTER:
             return None
-        mode = "reduce-overhead" if self.cuda and self.backend == "inductor" else None
-        self.graphs[key] = functools.partial(
-            torch.compile(_fresh_step(), backend=self.backend, dynamic=False, fullgraph=True, mode=mode), self.fast
-        )
-        return rows, self.graphs[key]
+        inductor = self.backend == "inductor"
+        mode = "reduce-overhead" if self.cuda and inductor else None
+        step = GraphStep(self.fast, 1 if kind == "one" else None).eval()
+        if kind == "one" and not self.cuda and not step.uses_operators() and _bytes(self.fast) <= CPP_WRAPPER_MAX_BYTES:
+            self._cpp_wrapper.add(kind)
+        if self.cuda:
+            _mark_static(step)
+        compiled = torch.compile(_fresh_call(), backend=self.backend, dynamic=False, fullgraph=True, mode=mode)
+        self.graphs[kind] = functools.partial(compiled, step)
+        return kind, self.graphs[kind]
 
     def hidden(
         self,
@@ -152,141 +177,230 @@ class CompiledPath:
             fast.refresh()
             self.graphs.clear()  # graphs hold the weights they were traced with
             self._warm.clear()
-            if self.cuda:
-                _mark_static(fast)
+            self._cpp_wrapper.clear()
         rows = input_ids.shape[0]
         found = None
         if cache.length > 0 and cache.length + rows <= cache.capacity:
-            found = self._graph_for(rows, cache.capacity)
-            if found is not None and cache.length + found[0] > cache.capacity:
-                found = None
+            found = self._graph_for(rows)
         if found is None:
             self.eager_calls += 1
             return fast.hidden(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
-        size, graph = found
-        if size > rows:
-            input_ids, position_ids, attention, adapter_rows = _pad(
-                size, input_ids, position_ids, attention, adapter_rows
-            )
+        kind, graph = found
         if adapter_rows is None and fast.has_lora:
-            adapter_rows = torch.zeros(size, dtype=torch.bool, device=fast.device)
-        length = torch.tensor(cache.length, device=fast.device)
-        first = (size, cache.capacity) not in self._warm
+            adapter_rows = torch.zeros(rows, dtype=torch.bool, device=fast.device)
+        length = self._length.fill_(cache.length)
+        first = kind not in self._warm
+        if first:  # the graph is traced from these inputs: mark the sizes it must not specialise on
+            dynamic = [(cache.keys, 1), (cache.values, 1)]
+            if kind == "many":
+                dynamic += [(t, 0) for t in (input_ids, position_ids, attention, adapter_rows) if t is not None]
+                dynamic.append((attention, 1))
+            for tensor, dim in dynamic:
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
         started = time.perf_counter()
-        hidden, keys, values = graph(input_ids, position_ids, attention, length, cache.keys, cache.values, adapter_rows)
+        inputs = (input_ids, position_ids, attention, length, cache.keys, cache.values, adapter_rows)
+        with _compiling(self.backend, kind in self._cpp_wrapper) if first else contextlib.nullcontext():
+            hidden, keys, values = graph(*inputs)
         if first:  # the first call of a graph compiles it (or loads it from inductor's cache)
             self.compile_seconds += time.perf_counter() - started
-            self._warm.add((size, cache.capacity))
+            self._warm.add(kind)
         cache.reserve(rows)
-        cache.keys[:, cache.length : cache.length + size] = keys
-        cache.values[:, cache.length : cache.length + size] = values
+        cache.keys[:, cache.length : cache.length + rows] = keys
+        cache.values[:, cache.length : cache.length + rows] = values
         self.graph_calls += 1
-        hidden = hidden[:rows] if output_rows is None else hidden.index_select(0, output_rows)
+        hidden = hidden if output_rows is None else hidden.index_select(0, output_rows)
         return hidden.clone() if self.cuda else hidden  # CUDA graph outputs are overwritten by the next replay
 
 
-def _mark_static(fast: FastForward) -> None:
+def _bytes(fast: FastForward) -> int:
+    """Bytes of the matrices a call streams."""
+    matrices = [fast.head.weight] + [p.weight for x in fast.layers for p in (x.qkv, x.o, x.gate_up, x.down)]
+    return sum(m.numel() * m.element_size() for m in matrices)
+
+
+def _mark_static(weights: nn.Module) -> None:
     """Mark every weight and table as a static address, so that CUDA graphs read them in place.
 
-    The graphs receive the weights as inputs (attributes of ``fast``, not of an ``nn.Module``); without the
-    mark, a CUDA graph would copy every weight into its own buffers on every replay.
+    Without the mark, a CUDA graph would copy every weight it receives as an input into its own buffers on
+    every replay.
     """
-    tensors = [fast.embed, fast.final_norm, fast.head.weight, fast.tables.cos, fast.tables.sin, fast.tables.scale]
-    for layer in fast.layers:
-        tensors += [layer.input_norm, layer.post_norm, layer.qk_norm]
-        tensors += [p.weight for p in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        if layer.lora is not None:
-            tensors += list(layer.lora.parameters())
-    for tensor in tensors:
-        if tensor is not None:
-            torch._dynamo.mark_static_address(tensor)
+    for tensor in weights.buffers():
+        torch._dynamo.mark_static_address(tensor)
 
 
-def _fresh_step() -> Callable:
-    """A copy of :func:`_static_step` with its own code object.
+def _compiling(backend: str, cpp_wrapper: bool) -> contextlib.AbstractContextManager:
+    """Inductor's settings while it compiles a graph (on the graph's first call).
+
+    No shape, stride and alignment checks of every input on every call in the generated code (35 checks
+    per call of the bundled model's graph; 1-row calls 7-9 % faster without them): the inputs' layouts are
+    fixed by construction (the cache buffers, the call's ids, positions and mask). With ``cpp_wrapper``,
+    the code that calls the graph's kernels is C++ instead of Python (see :data:`CPP_WRAPPER_MAX_BYTES`).
+    """
+    if backend != "inductor" or not _LEAN_CODE:
+        return contextlib.nullcontext()
+    return torch._inductor.config.patch(
+        size_asserts=False, alignment_asserts=False, scalar_asserts=False, cpp_wrapper=cpp_wrapper
+    )
+
+
+def _call(step: GraphStep, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return step(*inputs)
+
+
+def _fresh_call() -> Callable:
+    """A copy of :func:`_call` with its own code object.
 
     Dynamo keeps compiled graphs per code object and checks their guards one after the other on every call;
     giving each graph its own code object keeps that lookup to one entry (and clear of dynamo's cap of 8
     recompilations per code object).
     """
-    code = _static_step.__code__.replace()
-    return types.FunctionType(code, _static_step.__globals__, _static_step.__name__, _static_step.__defaults__)
+    return types.FunctionType(_call.__code__.replace(), _call.__globals__, _call.__name__, _call.__defaults__)
 
 
-def _pad(
-    size: int,
-    input_ids: torch.Tensor,
-    position_ids: torch.Tensor,
-    attention: torch.Tensor,
-    adapter_rows: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Pad a call to ``size`` rows: extra rows see only themselves, and no real row sees them."""
-    rows = input_ids.shape[0]
-    ids = F.pad(input_ids, (0, size - rows))
-    positions = F.pad(position_ids, (0, size - rows))
-    padded = torch.eye(size, dtype=torch.bool, device=attention.device)
-    padded[:rows, :rows] = attention
-    if adapter_rows is not None:
-        adapter_rows = F.pad(adapter_rows, (0, size - rows))
-    return ids, positions, padded, adapter_rows
+class _LayerWeights(nn.Module):
+    """One decoder layer's tensors as (non-persistent) buffers: views of the network's, nothing copied."""
+
+    def __init__(self, layer: _Layer, rows: int | None) -> None:
+        super().__init__()
+        lora = layer.lora
+        # matrices with a prepacked copy, for a graph that may use it (rows None: any count from 2), are
+        # multiplied by their Projection, which picks the kernel by row count as on the eager path
+        self.packed = {
+            name: (p.key, p.weight.shape[0])
+            for name, p in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down))
+            if p.key is not None and _PACKED_IN_GRAPHS and (rows is None or rows >= p.min_rows)
+        }
+        tensors = {
+            "input_norm": layer.input_norm,
+            "post_norm": layer.post_norm,
+            "qkv": layer.qkv.weight,
+            "o": layer.o.weight,
+            "gate_up": layer.gate_up.weight,
+            "down": layer.down.weight,
+            "qk_norm": layer.qk_norm,
+            "lora_a": None if lora is None else lora.lora_A,
+            "lora_b": None if lora is None else lora.lora_B,
+        }
+        for name, tensor in tensors.items():
+            self.register_buffer(name, None if tensor is None else tensor.detach(), persistent=False)
+        self.lora_scale = 1.0 if lora is None else float(lora.scale)
+
+    def project(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """``x`` times the named matrix (transposed), with the prepacked kernel where chosen."""
+        packed = self.packed.get(name)
+        if packed is not None:
+            return torch.ops.specframe.project(x, packed[0], packed[1])
+        return F.linear(x, getattr(self, name))
 
 
-def _static_step(
-    fast: FastForward,
-    input_ids: torch.Tensor,
-    position_ids: torch.Tensor,
-    attention: torch.Tensor,
-    length: torch.Tensor,
-    cache_keys: torch.Tensor,
-    cache_values: torch.Tensor,
-    adapter_rows: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One call as a pure function of fixed-shape tensors (what ``torch.compile`` traces).
+class GraphStep(nn.Module):
+    """One model call as a module of fixed-layout tensors: what ``torch.compile`` traces for the compiled path.
 
-    Returns:
-        Normalised hidden states ``[R, hidden]`` and the rows' keys and values ``[layers, R, kv, dim]``.
+    The weights are buffers of this module, so that inductor's freezing (on the CPU) may treat them as
+    constants and lay them out for its matrix kernels (oneDNN / MKL prepacking); they are views of the
+    network's tensors, rebuilt with the graphs when a weight changes.
+
+    Args:
+        fast: The eager forward whose weights and tables to use.
     """
-    rows, capacity = input_ids.shape[0], cache_keys.shape[1]
-    h, kv, d = fast.heads, fast.kv_heads, fast.head_dim
-    group, half = h // kv, d // 2
-    cos, sin, scale = fast.tables.lookup(position_ids)
-    cos, sin = cos[:, None], sin[:, None]
-    blocked = torch.tensor(float("-inf"), dtype=fast.dtype, device=input_ids.device)
-    zero = torch.zeros((), dtype=fast.dtype, device=input_ids.device)
-    visible = torch.arange(capacity, device=input_ids.device) < length
-    mask = torch.cat(
-        [torch.where(visible, zero, blocked).expand(rows, capacity), torch.where(attention, zero, blocked)], dim=1
-    ).repeat(group, 1)  # [group * rows, capacity + rows], query heads grouped by their kv head
-    softmax_dtype = torch.float32 if fast.wide else fast.dtype
-    x = F.embedding(input_ids, fast.embed)
-    new_keys, new_values = [], []
-    for index, layer in enumerate(fast.layers):
-        qkv = F.linear(fast._norm(x, layer.input_norm), layer.qkv.weight)
+
+    def __init__(self, fast: FastForward, rows: int | None = None) -> None:
+        super().__init__()
+        self.tables = fast.tables
+        self.heads, self.kv_heads, self.head_dim = fast.heads, fast.kv_heads, fast.head_dim
+        self.eps, self.wide, self.dtype = fast.eps, fast.wide, fast.dtype
+        self.register_buffer("embed", fast.embed.detach(), persistent=False)
+        self.register_buffer("final_norm", fast.final_norm.detach(), persistent=False)
+        for name in ("cos", "sin", "scale"):
+            table = getattr(fast.tables, name)
+            self.register_buffer(name, None if table is None else table, persistent=False)
+        self.layers = nn.ModuleList(_LayerWeights(layer, rows) for layer in fast.layers)
+
+    def uses_operators(self) -> bool:
+        """Whether the graph calls specframe's ``project`` operator (matrices with a prepacked copy)."""
+        return any(layer.packed for layer in self.layers)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention: torch.Tensor,
+        length: torch.Tensor,
+        cache_keys: torch.Tensor,
+        cache_values: torch.Tensor,
+        adapter_rows: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Normalised hidden states ``[R, hidden]`` and the rows' keys and values ``[layers, R, kv, dim]``.
+
+        Attention spans the whole capacity of ``cache_keys`` / ``cache_values`` (``[layers, capacity, kv,
+        dim]``): rows below ``length`` (a 0-d tensor) are visible, plus the call's own ``attention``.
+        """
+        rows, capacity = input_ids.shape[0], cache_keys.shape[1]
+        device = input_ids.device
+        if self.cos is None:  # no tables ahead (very long contexts): computed as the eager path does
+            cos, sin, scale = self.tables.lookup(position_ids)
+        else:
+            cos, sin = self.cos.index_select(0, position_ids), self.sin.index_select(0, position_ids)
+            scale = None if self.scale is None else self.scale.index_select(0, position_ids)
+        blocked = torch.tensor(float("-inf"), dtype=self.dtype, device=device)
+        zero = torch.zeros((), dtype=self.dtype, device=device)
+        visible = torch.arange(capacity, device=device) < length
+        mask = torch.cat(
+            [torch.where(visible, zero, blocked).expand(rows, capacity), torch.where(attention, zero, blocked)], dim=1
+        ).repeat(self.heads // self.kv_heads, 1)  # [group * rows, capacity + rows], query heads grouped by kv head
+        x = F.embedding(input_ids, self.embed)
+        new_keys, new_values = [], []
+        for index, layer in enumerate(self.layers):
+            x, k, v = self._layer(
+                layer, x, cache_keys[index], cache_values[index], cos[:, None], sin[:, None], scale, mask, adapter_rows
+            )
+            new_keys.append(k)
+            new_values.append(v)
+        return self._norm(x, self.final_norm), torch.stack(new_keys), torch.stack(new_values)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        wide = x.float() if self.wide else x
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * (wide.to(x.dtype) if self.wide else wide)
+
+    def _layer(
+        self,
+        layer: _LayerWeights,
+        x: torch.Tensor,
+        cached_keys: torch.Tensor,
+        cached_values: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        scale: torch.Tensor | None,
+        mask: torch.Tensor,
+        adapter_rows: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        rows, capacity = x.shape[0], cached_keys.shape[0]
+        group, half = h // kv, d // 2
+        qkv = layer.project(self._norm(x, layer.input_norm), "qkv")
         qk = qkv[:, : (h + kv) * d].view(rows, h + kv, d)
         if layer.qk_norm is not None:
-            qk = fast._norm(qk, layer.qk_norm)
-        rotated = torch.cat([qk[..., half:], qk[..., :half]], dim=-1)
-        qk = qk * cos + rotated * sin
+            qk = self._norm(qk, layer.qk_norm)
+        qk = qk * cos + torch.cat([qk[..., half:], qk[..., :half]], dim=-1) * sin
         q, k = qk[:, :h], qk[:, h:]
         if scale is not None:
             q = q * scale[:, None, None]
         v = qkv[:, (h + kv) * d :].view(rows, kv, d)
-        new_keys.append(k)
-        new_values.append(v)
         grouped = q.reshape(rows, kv, group, d).permute(1, 2, 0, 3).reshape(kv, group * rows, d) * d**-0.5
-        cached_k = cache_keys[index].transpose(0, 1)  # [kv, capacity, d]
-        cached_v = cache_values[index].transpose(0, 1)
+        cached_k = cached_keys.transpose(0, 1)  # [kv, capacity, d]
+        cached_v = cached_values.transpose(0, 1)
         scores = torch.cat(
             [grouped @ cached_k.transpose(1, 2), grouped @ k.permute(1, 2, 0)], dim=-1
         )  # [kv, group * rows, capacity + rows]
-        weights = torch.softmax((scores + mask).to(softmax_dtype), dim=-1).to(fast.dtype)
+        weights = torch.softmax((scores + mask).to(torch.float32 if self.wide else self.dtype), dim=-1).to(self.dtype)
         out = weights[..., :capacity] @ cached_v + weights[..., capacity:] @ v.transpose(0, 1)
         out = out.reshape(kv, group, rows, d).permute(2, 0, 1, 3).reshape(rows, h * d)
-        projected = F.linear(out, layer.o.weight)
-        if layer.lora is not None and adapter_rows is not None:
-            projected = torch.where(adapter_rows[:, None], projected + layer.lora(out), projected)
+        projected = layer.project(out, "o")
+        if layer.lora_a is not None and adapter_rows is not None:
+            update = F.linear(F.linear(out, layer.lora_a), layer.lora_b) * layer.lora_scale
+            projected = torch.where(adapter_rows[:, None], projected + update, projected)
         x = x + projected
-        gate_up = F.linear(fast._norm(x, layer.post_norm), layer.gate_up.weight)
+        gate_up = layer.project(self._norm(x, layer.post_norm), "gate_up")
         inner = gate_up.shape[1] // 2
-        x = x + F.linear(F.silu(gate_up[:, :inner]) * gate_up[:, inner:], layer.down.weight)
-    return fast._norm(x, fast.final_norm), torch.stack(new_keys), torch.stack(new_values)
+        return x + layer.project(F.silu(gate_up[:, :inner]) * gate_up[:, inner:], "down"), k, v

@@ -188,7 +188,7 @@ class FastForward:
         """Whether a weight changed in place or an adapter was attached since the last :meth:`refresh`."""
         if self._count_lora() != self._lora_count:
             return True
-        return any(t._version != v for t, v in zip(self._watched, self._versions, strict=True))
+        return [t._version for t in self._watched] != self._versions
 
     # -- the forward ---------------------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -33,7 +33,9 @@ prepacking is skipped when the copies would not fit comfortably in memory (:func
 
 from __future__ import annotations
 
+import itertools
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -75,6 +77,29 @@ def prepack_allowed(weight_bytes: int, device: torch.device, dtype: torch.dtype)
     return memory is None or weight_bytes <= _MEMORY_SHARE * memory
 
 
+_REGISTRY: dict[int, weakref.ref] = {}  # key -> Projection with a prepacked copy, for graphs (see project)
+_KEYS = itertools.count()
+
+
+@torch.library.custom_op("specframe::project", mutates_args=())
+def project(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
+    """``x @ weight.T`` by the :class:`Projection` registered under ``key``, with its kernel for ``x``'s rows.
+
+    An operator of its own so that compiled graphs (:mod:`specframe.models.compiled`) multiply with the
+    same kernels as the eager path, chosen at run time by row count: the prepacked copy is an opaque oneDNN
+    tensor, which a graph cannot take as an input, so a graph names the projection by its key instead.
+    """
+    projection = _REGISTRY[key]()
+    if projection is None:
+        raise RuntimeError(f"projection {key} was freed while a compiled graph still uses it")
+    return projection(x.contiguous())
+
+
+@project.register_fake
+def _project_shape(x: torch.Tensor, key: int, out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
+
+
 class Projection:
     """A bias-free linear map ``x @ weight.T`` for ``[R, in]`` rows, with the kernel picked by row count.
 
@@ -83,16 +108,19 @@ class Projection:
         prepack: Also keep a prepacked oneDNN copy (see :func:`prepack_allowed`).
     """
 
-    __slots__ = ("weight", "packed", "min_rows")
+    __slots__ = ("weight", "packed", "min_rows", "key", "__weakref__")
 
     def __init__(self, weight: torch.Tensor, *, prepack: bool) -> None:
         self.weight = weight
         self.packed: torch.Tensor | None = None
         self.min_rows = 0
+        self.key: int | None = None  # with a prepacked copy: the key graphs call it by (see project)
         small = weight.dtype == torch.float32 and weight.numel() < PACK_MIN_ELEMENTS
         if prepack and weight.dtype in _PACK_HINT and not small:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_HINT[weight.dtype])
             self.min_rows = PACKED_MIN_ROWS if weight.dtype == torch.float32 else 1
+            self.key = next(_KEYS)
+            _REGISTRY[self.key] = weakref.ref(self)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T`` for ``x`` shaped ``[R, in]``."""
