@@ -72,6 +72,9 @@ class Replay:
             started = clock()
             self.flush.sum()
             self.flushed += clock() - started
+        rows = input_ids.shape[0] if output_rows is None else output_rows.shape[0]
+        if self.index >= len(self.calls) or self.calls[self.index].shape[0] != rows:
+            raise SystemExit(f"the replay diverged from the recorded run at call {self.index + 1}")
         logits = self.calls[self.index]
         self.index += 1
         cache.reserve(input_ids.shape[0])
@@ -147,7 +150,7 @@ def profile_method(
                 result = traced.generate(prompt_ids=prompt)
                 parts["wall"] += clock() - started
                 if result.output_ids != tokens:
-                    raise SystemExit(f"replay of {config} diverged from the recorded run")
+                    raise SystemExit(f"the replay of {config} diverged from the recorded run")
                 calls += result.metrics.nfe
             if profiler:
                 profiler.disable()

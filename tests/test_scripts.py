@@ -38,3 +38,42 @@ def test_gpu_check_quick_runs_on_the_cpu_and_reports_exactness(tmp_path):
     assert "ar [eager] / transformers" in perf["ratios"]
     markdown = (tmp_path / "gpu_check.md").read_text(encoding="utf-8")
     assert "## (d) Performance report" in markdown and "## Model calls" in markdown and "## Ratios" in markdown
+
+
+def _host_profile():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("host_profile", ROOT / "scripts" / "host_profile.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_profile_replays_the_recorded_run_and_splits_its_time(monkeypatch):
+    import pytest
+
+    from specframe.models import load_model
+
+    host_profile = _host_profile()
+    model = load_model(None)
+    prompts = [model.encode_prompt("def add(a, b):")]
+    sampled = {"name": "rejection", "temperature": 1.0, "top_k": 20}
+    for acceptance in ("greedy", sampled):
+        config = {"schedule": "packed", "width": 4, "order": "ltr", "acceptance": acceptance}
+        result = host_profile.profile_method(model, prompts, {**config, "max_new_tokens": 16, "seed": 0}, 1, 0)
+        parts = result["us_per_call"]
+        assert result["calls_per_run"] >= 4
+        assert all(parts[p] > 0 for p in host_profile.PARTS)
+        assert parts["wall"] >= sum(parts[p] for p in host_profile.PARTS)
+    # A replay that does not reproduce the recorded run is refused, not timed.
+    record = host_profile.Replay.record
+
+    def corrupted(self, *args):
+        logits = record(self, *args)
+        self.calls[-1] = -self.calls[-1]
+        return logits
+
+    monkeypatch.setattr(host_profile.Replay, "record", corrupted)
+    config = {"schedule": "packed", "width": 4, "order": "ltr", "acceptance": "greedy", "max_new_tokens": 16}
+    with pytest.raises(SystemExit, match="diverged"):
+        host_profile.profile_method(model, prompts, {**config, "seed": 0}, 1, 0)
