@@ -116,33 +116,40 @@ class AcceptanceStats:
 OUTLIER = 2.0
 
 
+#: Timed calls from which a candidate's bias is learned; after them it is fixed (see :class:`CallTimes`).
+LEARN_CALLS = 6
+#: A learned bias is kept within [1 / BIAS_LIMIT, BIAS_LIMIT]: a layout's own overhead beyond the calibrated
+#: table is a few tens of percent at most, and what exceeds that is load the learning calls happened to meet.
+BIAS_LIMIT = 1.3
+
+
 class CallTimes:
     """How far the observed seconds per call are from the cost model's predictions: overall and by candidate.
 
     The cost model is measured once, on synthetic calls; the decoder's real calls also pay for whatever
     else runs on the machine now (the same for every candidate) and for each candidate's own layout and
     bookkeeping. So the correction has two factors: the *load*, an exponential average of observed over
-    predicted seconds across every call, which follows the machine as it changes; and each candidate's
-    *bias*, an exponential average of its own calls' ratio over the load at the time, trusted more the
-    more it has been seen. A candidate not seen yet is predicted times the load. Ratios, not seconds, are
-    kept, so that the correction carries over as the prediction changes with the context length; and a
-    burst of load while one candidate runs raises every estimate alike instead of making that candidate
-    look dear.
+    predicted seconds, which follows the machine as it changes and scales every candidate alike (it never
+    changes which candidate is best); and each candidate's *bias*, its own calls' ratio over the load, which
+    does. The two cannot be told apart from one candidate's calls alone (a slower machine and a dearer
+    layout look the same), so a candidate's bias is learned only from its first LEARN_CALLS timed calls,
+    against the load that the other candidates' calls set (the first candidate ever timed is the reference,
+    bias 1), and is then fixed; from then on its calls update the load. A candidate still learning is
+    trusted in proportion to its calls; one not timed yet is predicted times the load. Ratios, not seconds,
+    are kept, so that the correction carries over as the prediction changes with the context length.
 
     Args:
         decay: Weight kept by the old load at each observation (it follows about ``1 / (1 - decay)`` calls).
-        bias_decay: Weight kept by a candidate's old bias at each of its calls (slower than the load, so that
-            a burst of load is taken for load).
-        trust: Observations after which a candidate's own bias counts as much as none (1.0).
+        trust: Calls after which a learning candidate's bias counts as much as none (1.0).
     """
 
-    def __init__(self, *, decay: float = 0.9, bias_decay: float = 0.97, trust: float = 3.0) -> None:
+    def __init__(self, *, decay: float = 0.9, trust: float = 3.0) -> None:
         self.decay = decay
-        self.bias_decay = bias_decay
         self.trust = trust
         self.load = 1.0
         self._counts: dict[str, float] = {}
         self._bias: dict[str, float] = {}
+        self._sums: dict[str, float] = {}
         self._seen_any = False
 
     def observe(self, label: str, predicted: float | None, seconds: float) -> None:
@@ -151,13 +158,17 @@ class CallTimes:
         if not predicted:
             return
         ratio = seconds / predicted
-        if not self._seen_any:  # the first call sets the load, not a bias
+        if not self._seen_any:  # the first call sets the load, and its candidate is the reference
             self.load, self._seen_any = ratio, True
-        bias = self._bias.get(label)
-        expected = self.load * (bias or 1.0)
+            self._bias[label], self._sums[label] = 1.0, float(LEARN_CALLS)
+        expected = self.load * self._bias.get(label, 1.0)
         ratio = min(max(ratio, expected / OUTLIER), expected * OUTLIER)  # one stalled call moves little
-        own = ratio / self.load
-        self._bias[label] = own if bias is None else self.bias_decay * bias + (1 - self.bias_decay) * own
+        learned = self._sums.get(label, 0.0)
+        if learned < LEARN_CALLS:  # still learning: a running mean of ratio / load; the load is left alone
+            mean = self._bias.get(label, 1.0) * learned + ratio / self.load
+            self._sums[label] = learned + 1
+            self._bias[label] = min(max(mean / (learned + 1), 1 / BIAS_LIMIT), BIAS_LIMIT)
+            return
         self.load = self.decay * self.load + (1 - self.decay) * ratio / self._bias[label]
 
     def seen(self, label: str) -> bool:
@@ -174,5 +185,6 @@ class CallTimes:
         bias = self._bias.get(label)
         if bias is None:
             return predicted * load
-        weight = self._counts[label] / (self._counts[label] + self.trust)
+        learned = self._sums[label]
+        weight = 1.0 if learned >= LEARN_CALLS else learned / (learned + self.trust)
         return predicted * load * (weight * bias + (1 - weight))

@@ -22,7 +22,7 @@ import torch
 
 from specframe.acceptance.base import DraftRef, Proposals
 from specframe.choice.rates import Candidate, best, steady_state
-from specframe.choice.stats import AcceptanceStats, CallTimes
+from specframe.choice.stats import LEARN_CALLS, AcceptanceStats, CallTimes
 from specframe.costs import CostModel
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult
@@ -55,9 +55,9 @@ PROBE_CALLS = 2
 #: A candidate timed fewer than TIMED calls is tried (for PROBE_CALLS calls) when its estimate is within
 #: this share of the best one's: the cost model is a prediction, and only timed calls correct it.
 PLAUSIBLE = 0.85
-#: Timed calls after which a candidate's own correction is trusted enough not to be tried again for timing
-#: (its bias then counts for TIMED / (TIMED + trust) = 2/3: see :class:`specframe.choice.stats.CallTimes`).
-TIMED = 6
+#: Timed calls after which a candidate is not tried again for timing: those its bias is learned from
+#: (see :class:`specframe.choice.stats.CallTimes`).
+TIMED = LEARN_CALLS
 #: A candidate whose farthest draft offset was checked fewer times than this (over every request) is tried
 #: when plausible (see PLAUSIBLE), so that acceptance is measured, not guessed, where it decides the choice.
 EXPLORED = 4
@@ -81,6 +81,9 @@ class DraftlessCall(Schedule):
 
     def plan(self, state: DecodeState) -> CallPlan:
         """Verify the one-position window (with the stored draft there, if any); no draft groups."""
+        if not state.drafts:  # nothing stored: the window is the leftmost open position, as for plain AR
+            position = state.leftmost_unresolved()
+            return CallPlan(pending=state.pending, order=(position,), chain=(), num_verify=1, drafts=(), width=0)
         return window_plan(state, verification_window(state), (), width=0)
 
     def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
@@ -141,6 +144,8 @@ class AutoSchedule(Schedule):
         self._probe_left = 0
         self._probe_after = PROBE_AFTER
         self._judge_probe = False
+        self._learned = 0  # verifications that checked a draft, so far
+        self._estimated = -1  # ... as of the last estimate
         self._candidates: dict[int, tuple[list[Candidate], list[Candidate]]] = {}
         #: The latest throughput estimate (tokens per second) of each candidate, by label.
         self.rates: dict[str, float] = {}
@@ -202,8 +207,9 @@ class AutoSchedule(Schedule):
             if entry is None:
                 break
             known.append(entry)
-        if plan.num_verify:
+        if plan.num_verify and known:
             self._stats.observe(known, min(accepted, len(known)))
+            self._learned += 1
         self._offsets = _draft_offsets(state, plan)
         self._since_refresh += 1
         self._since_scan += 1
@@ -325,6 +331,10 @@ class AutoSchedule(Schedule):
         """
         if self._chosen is not None and self._since_refresh < REFRESH_CALLS:
             return self._chosen
+        if self._chosen is not None and self._since_scan < FULL_SCAN_CALLS and self._learned == self._estimated:
+            self._since_refresh = 0  # no verification checked a draft since the last estimate: nothing new
+            return self._chosen
+        self._estimated = self._learned
         candidates = self._candidate_lists(state.ctx.width)[0]
         if self._chosen is not None and self._since_scan < FULL_SCAN_CALLS:
             candidates = [c for c in candidates if _near(c, self._chosen)]
