@@ -408,6 +408,9 @@ def test_cost_model_grows_linearly_with_the_context_between_its_two_tables():
     assert cost.model_seconds(8, 0) == pytest.approx(0.004)  # never below the short table
     assert cost.seconds(1, 320) > cost.seconds(1, 64)
     assert CostModel.from_mapping(cost.to_dict()) == cost
+    per_row = CostModel(0.001, 0.0001, host_s=0.0005, host_row_s=0.00002)  # the decoder's work grows with rows
+    assert per_row.seconds(10) - per_row.model_seconds(10) == pytest.approx(0.0005 + 0.0002)
+    assert CostModel.from_mapping(per_row.to_dict()) == per_row
     assert "320" in cost.describe()
 
 
@@ -446,7 +449,7 @@ def test_calibrate_command_prints_the_model_and_reuses_its_cache(tmp_path, monke
     monkeypatch.setattr(costs_module, "calibrate", lambda *a, **k: quick(*a, **{**k, "budget_s": 0.05, "limit_s": 0.2}))
     assert main(["calibrate", "--model", str(folder), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
-    assert first["source"] == "calibrated" and first["host_s"] > 0 and first["table"]
+    assert first["source"] == "calibrated" and first["host_s"] + first["host_row_s"] > 0 and first["table"]
     assert main(["calibrate", "--model", str(folder)]) == 0
     text = capsys.readouterr().out
     assert "source: cache" in text and "ms x rows" in text and first["cache_file"] in text

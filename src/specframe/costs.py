@@ -69,6 +69,8 @@ class CostModel:
         key: What the model was calibrated for (model identity, device, dtype, threads, ...).
         calibration_s: How long the calibration took (0 for a synthetic or reused model).
         source: ``"calibrated"``, ``"cache"`` or ``"given"``.
+        host_row_s: Decoder seconds per call per row, on top of ``host_s`` (a wide call lays out, reads and
+            checks more than a plain AR call).
     """
 
     tau: float
@@ -81,6 +83,7 @@ class CostModel:
     key: Mapping[str, Any] = field(default_factory=dict)
     calibration_s: float = 0.0
     source: str = "given"
+    host_row_s: float = 0.0
 
     def seconds(self, rows: int, context: int | None = None) -> float:
         """Predicted seconds of one call of ``rows`` new rows, the decoder's own work included.
@@ -89,7 +92,7 @@ class CostModel:
             rows: New rows the call evaluates.
             context: Cached positions the rows attend to (``None``: the calibration's own context).
         """
-        return self.model_seconds(rows, context) + self.host_s
+        return self.model_seconds(rows, context) + self.host_s + self.host_row_s * rows
 
     def model_seconds(self, rows: int, context: int | None = None) -> float:
         """Predicted model seconds of a forward of ``rows`` new rows over ``context`` cached positions.
@@ -120,13 +123,13 @@ class CostModel:
             ConfigError: If ``tau`` or ``delta`` is missing or not a non-negative number, or a key is unknown.
         """
         known = {"tau", "delta", "table", "host_s", "context", "long_table", "long_context", "key"}
-        known |= {"calibration_s", "source"}
+        known |= {"calibration_s", "source", "host_row_s"}
         unknown = sorted(set(data) - known)
         if unknown:
             valid = ", ".join(sorted(known))
             raise ConfigError(f"cost model: unknown key(s) {', '.join(unknown)}; valid keys: {valid}")
         values = dict(data)
-        for name in ("tau", "delta", "host_s", "context", "long_context"):
+        for name in ("tau", "delta", "host_s", "host_row_s", "context", "long_context"):
             value = values.get(name, 0.0)
             if name in ("tau", "delta") and name not in values:
                 raise ConfigError(f"cost model needs {name!r} (seconds), e.g. {{'tau': 0.007, 'delta': 0.0002}}")
@@ -145,7 +148,7 @@ class CostModel:
         """A few lines for people: the fit, the table, and what it was measured for."""
         lines = [
             f"cost per call = {1e3 * self.tau:.3f} ms + {1e3 * self.delta:.4f} ms x rows (model)"
-            f" + {1e3 * self.host_s:.3f} ms (decoder)",
+            f" + {1e3 * self.host_s:.3f} ms + {1e3 * self.host_row_s:.4f} ms x rows (decoder)",
             f"cached positions attended to: {self.context} (table)"
             + (f", {self.long_context} (long table)" if self.long_table else ""),
             f"source: {self.source}" + (f", calibrated in {self.calibration_s:.2f} s" if self.calibration_s else ""),
@@ -243,7 +246,7 @@ def calibrate(
     budget_s: float = 1.5,
     limit_s: float = 2.2,
     rows: Sequence[int] = ROW_COUNTS,
-    host_s: Callable[[], float] | None = None,
+    host_s: Callable[[], float | tuple[float, float]] | None = None,
     min_rounds: int = 3,
     max_rounds: int = 25,
 ) -> CostModel:
@@ -254,7 +257,8 @@ def calibrate(
         budget_s: Seconds to aim for, warm-up included: rounds continue until then or ``max_rounds``.
         limit_s: Seconds after which no new round starts even below ``min_rounds`` (one round always runs).
         rows: Row counts to time.
-        host_s: Measures the decoder's seconds per call outside the model (called once, timed separately).
+        host_s: Measures the decoder's seconds per call outside the model (called once, timed separately):
+            a number, or ``(seconds per call, seconds per row)``.
         min_rounds: Rounds to run even past the budget.
         max_rounds: Rounds to stop at within the budget.
     """
@@ -314,17 +318,19 @@ def calibrate(
         longer = [(r, max(medians[long_context, r], s)) for r, s in table]
         long_table = tuple(_monotone(longer))
     host = host_s() if host_s is not None else 0.0
+    host, host_row = host if isinstance(host, tuple) else (host, 0.0)
     return CostModel(
         tau,
         delta,
         table,
-        host,
-        context,
-        long_table,
-        long_context if long_table else 0,
-        model_key(model),
-        time.perf_counter() - started,
-        "calibrated",
+        host_s=host,
+        host_row_s=host_row,
+        context=context,
+        long_table=long_table,
+        long_context=long_context if long_table else 0,
+        key=model_key(model),
+        calibration_s=time.perf_counter() - started,
+        source="calibrated",
     )
 
 
@@ -339,7 +345,7 @@ def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) 
 
 
 def cost_model_for(
-    model: ModelBackend, *, refresh: bool = False, host_s: Callable[[], float] | None = None
+    model: ModelBackend, *, refresh: bool = False, host_s: Callable[[], float | tuple[float, float]] | None = None
 ) -> CostModel:
     """The cached cost model of ``model``, calibrating (and caching) it first if there is none."""
     key = model_key(model)

@@ -118,9 +118,10 @@ OUTLIER = 2.0
 
 #: Timed calls from which a candidate's bias is learned; after them it is fixed (see :class:`CallTimes`).
 LEARN_CALLS = 6
-#: A learned bias is kept within [1 / BIAS_LIMIT, BIAS_LIMIT]: a layout's own overhead beyond the calibrated
-#: table is a few tens of percent at most, and what exceeds that is load the learning calls happened to meet.
-BIAS_LIMIT = 1.3
+#: A learned bias is kept within [1 / BIAS_LIMIT, BIAS_LIMIT]: with the context and the decoder's work per
+#: row in the cost model, what is left of a layout's own cost is small, and what exceeds this is load the
+#: learning calls happened to meet.
+BIAS_LIMIT = 1.15
 
 
 class CallTimes:
