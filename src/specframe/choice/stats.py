@@ -118,10 +118,12 @@ OUTLIER = 2.0
 
 #: Timed calls from which a candidate's bias is learned; after them it is fixed (see :class:`CallTimes`).
 LEARN_CALLS = 6
-#: A learned bias is kept within [1 / BIAS_LIMIT, BIAS_LIMIT]: with the context and the decoder's work per
-#: row in the cost model, what is left of a layout's own cost is small, and what exceeds this is load the
-#: learning calls happened to meet.
-BIAS_LIMIT = 1.15
+#: A learned bias counts only for what lies beyond this factor either way (``1.5`` counts as ``1.5 / 1.2``,
+#: ``1.1`` as ``1``): a few learning calls on a shared machine meet load that is not the candidate's (short
+#: calls lose relatively more to other processes than long ones), and acting on that steered choices away
+#: from what the calibrated model, which already covers rows, context and the decoder's work per row, gets
+#: right; a gross misprediction (a layout the table does not describe) is still corrected.
+DEAD_BAND = 1.2
 
 
 class CallTimes:
@@ -136,7 +138,8 @@ class CallTimes:
     layout look the same), so a candidate's bias is learned only from its first LEARN_CALLS timed calls,
     against the load that the other candidates' calls set (the first candidate ever timed is the reference,
     bias 1), and is then fixed; from then on its calls update the load. A candidate still learning is
-    trusted in proportion to its calls; one not timed yet is predicted times the load. Ratios, not seconds,
+    trusted in proportion to its calls; one not timed yet is predicted times the load. Only the part of a
+    bias beyond :data:`DEAD_BAND` is acted on. Ratios, not seconds,
     are kept, so that the correction carries over as the prediction changes with the context length.
 
     Args:
@@ -168,7 +171,7 @@ class CallTimes:
         if learned < LEARN_CALLS:  # still learning: a running mean of ratio / load; the load is left alone
             mean = self._bias.get(label, 1.0) * learned + ratio / self.load
             self._sums[label] = learned + 1
-            self._bias[label] = min(max(mean / (learned + 1), 1 / BIAS_LIMIT), BIAS_LIMIT)
+            self._bias[label] = min(max(mean / (learned + 1), 1 / 3), 3.0)
             return
         self.load = self.decay * self.load + (1 - self.decay) * ratio / self._bias[label]
 
@@ -188,4 +191,5 @@ class CallTimes:
             return predicted * load
         learned = self._sums[label]
         weight = 1.0 if learned >= LEARN_CALLS else learned / (learned + self.trust)
-        return predicted * load * (weight * bias + (1 - weight))
+        counted = bias / DEAD_BAND if bias > DEAD_BAND else bias * DEAD_BAND if bias < 1 / DEAD_BAND else 1.0
+        return predicted * load * (weight * counted + (1 - weight))
