@@ -97,3 +97,21 @@ def test_input_errors_are_one_line(capsys, args, message):
     code, _, err = _run(capsys, *args)
     assert code != 0 and err.startswith("error: ") and err.count("\n") == 1
     assert message in err
+
+
+def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status():
+    """`specframe plugins | head -c 10`: no "internal error" line, status 141, like a shell tool."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before anything is written: every write fails
+    script = "import sys; from specframe.cli import main; sys.exit(main(['plugins']))"
+    try:
+        proc = subprocess.run([sys.executable, "-c", script], stdout=write_end, stderr=subprocess.PIPE, timeout=120)
+    finally:
+        os.close(write_end)
+    err = proc.stderr.decode()
+    assert proc.returncode == 141, err
+    assert "internal error" not in err and "Traceback" not in err and "Exception ignored" not in err

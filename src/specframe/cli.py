@@ -44,10 +44,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return _fail("interrupted")
+    except BrokenPipeError:
+        return _reader_gone()
     except Exception as exc:  # keep the one-line contract, but keep bugs debuggable
         if os.environ.get("SPECFRAME_DEBUG"):
             raise
         return _fail(f"internal error ({type(exc).__name__}: {exc}); set SPECFRAME_DEBUG=1 for a traceback")
+
+
+def _reader_gone() -> int:
+    """The reader of stdout went away (``specframe calibrate | head``): stop quietly, as a shell tool would.
+
+    Stdout is pointed at the null device so that the interpreter's final flush does not fail again, and the
+    status is the shell's for a process ended by SIGPIPE (128 + 13).
+    """
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is not a real file (tests, embedding): nothing to redirect
+        pass
+    return 141
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
