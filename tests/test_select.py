@@ -1,4 +1,4 @@
-"""The chunked row selections equal torch's plain reductions exactly, and the decoder's per-call op budget."""
+"""The chunked row selections and the candidate nucleus equal their full-vocabulary references exactly; op budget."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from decoding_helpers import NEMOTRON, eos_ids, tiny_model
 from specframe import compose
-from specframe.acceptance import select
+from specframe.acceptance import nucleus, select
+from specframe.acceptance.nucleus import Nucleus, nucleus_candidates, nucleus_sorted
 from specframe.acceptance.rejection import SamplingWarp
 from specframe.acceptance.select import first_argmax, kth_largest
 
@@ -81,6 +82,79 @@ def test_top_k_warp_is_bitwise_the_masked_softmax(top_k):
             expected = _reference_warp(logits.to(dtype), temperature, top_k)
             assert torch.equal(got.isnan(), expected.isnan())
             assert torch.equal(got.nan_to_num(), expected.nan_to_num())
+
+
+def _nucleus_inputs(seed):
+    """``[17, 2048]`` probabilities: smooth, peaked, heavily tied (ties at the cut), with -inf, with a top-k."""
+    generator = torch.Generator().manual_seed(seed)
+    yield torch.softmax(torch.randn(17, 2048, generator=generator), -1)
+    yield torch.softmax(torch.randn(17, 2048, generator=generator) * 6, -1)
+    tied = torch.randint(-4, 4, (17, 2048), generator=generator).double()
+    tied[0, :100] = 9.0  # 100 equal leaders: the cut falls inside a tie that spans past 64 candidates
+    tied[1, 3::50] = 8.0  # 41 tied leaders spread over the row: ties at the 32nd candidate
+    yield torch.softmax(tied, -1)
+    spiky = torch.full((17, 2048), float("-inf"))
+    spiky[:, ::97] = torch.randn(17, 22, generator=generator)
+    spiky[3, :] = float("-inf")
+    spiky[3, 11] = 0.0  # one finite logit: a single token of mass 1
+    yield torch.softmax(spiky, -1)  # fewer non-zero tokens than candidates: all the rest are exact zeros
+    yield SamplingWarp(1.0, 20).probs(torch.randn(17, 2048, generator=generator) * 2)
+
+
+@pytest.mark.parametrize("top_p", [1e-6, 0.3, 0.9, 0.999999])
+def test_candidate_nucleus_is_bitwise_the_full_sort(top_p):
+    """Every candidate count gives exactly the full sort's result, whether the rows are decided or fall back."""
+    fallbacks = 0
+    for seed, probs in enumerate(_nucleus_inputs(int(top_p * 1000))):
+        for dtype in (torch.float32, torch.float64):
+            probs = probs.to(dtype)
+            expected = nucleus_sorted(probs, top_p)
+            for candidates in (1, 32, 64, 300):
+                got, undecided = nucleus_candidates(probs, top_p, candidates)
+                fallbacks += undecided
+                assert torch.equal(got, expected), (seed, dtype, candidates)
+    assert fallbacks  # some rows did take the full sort
+
+
+def test_nucleus_decides_or_falls_back_where_it_must():
+    """Decided rows skip the full sort; a tie across the last candidate and a cut past them do not."""
+    probs = torch.softmax(torch.tensor([[5.0, 4.0, 3.0, 1.0, 1.0, 1.0, 1.0, 0.0]] * 3), -1)
+    probs[1] = torch.softmax(torch.tensor([3.0, 2.0, 2.0, 2.0, 2.0, 0.0, 0.0, 0.0]), -1)  # tie over the 4th
+    probs[2] = torch.full((8,), 1 / 8)  # a flat row: at top_p 0.9 the cut lies past 4 candidates
+    got, undecided = nucleus_candidates(probs, 0.9, 4)
+    assert undecided == 2
+    assert torch.equal(got, nucleus_sorted(probs, 0.9))
+    _, undecided = nucleus_candidates(probs[:1], 0.9, 4)
+    assert undecided == 0
+    # Among the tied tokens at the cut the lowest indices are kept, as the stable sort keeps them.
+    tied = torch.tensor([[0.1, 0.3, 0.1, 0.3, 0.1, 0.1, 0.0, 0.0]])
+    got, undecided = nucleus_candidates(tied, 0.65, 7)
+    assert undecided == 0 and (got > 0).tolist() == [[True, True, False, True, False, False, False, False]]
+    assert torch.equal(got, nucleus_sorted(tied, 0.65))
+
+
+def test_nucleus_grows_its_candidates_and_keeps_cuda_on_the_full_sort(monkeypatch):
+    """Wide nuclei double the candidate count (up to its cap); the result is the full sort's either way."""
+    flat = torch.softmax(torch.randn(17, 2048, generator=torch.Generator().manual_seed(1)) * 0.1, -1)
+    rule = Nucleus(0.9)
+    assert rule.candidates == nucleus.DEFAULT_CANDIDATES and Nucleus(0.9, top_k=20).candidates == 21
+    for _ in range(8):
+        assert torch.equal(rule(flat), nucleus_sorted(flat, 0.9))
+    assert rule.candidates > 2048 * nucleus.MAX_CANDIDATE_SHARE  # now the full sort, directly
+    calls = []
+    monkeypatch.setattr(nucleus, "nucleus_candidates", lambda *a: calls.append(a))
+    assert torch.equal(rule(flat), nucleus_sorted(flat, 0.9)) and not calls
+
+
+def test_top_p_warp_is_the_full_sort_after_top_k():
+    """The warp's top-p is the full-sort reference applied to its top-k softmax, over several calls."""
+    generator = torch.Generator().manual_seed(7)
+    for top_k in (None, 20, 400):
+        warp, plain = SamplingWarp(0.8, top_k, 0.9), SamplingWarp(0.8, top_k)
+        for _ in range(4):
+            logits = torch.randn(17, 2048, generator=generator) * 3
+            logits[0, :50] = 6.0
+            assert torch.equal(warp.probs(logits), nucleus_sorted(plain.probs(logits), 0.9))
 
 
 class _OpCounter(TorchDispatchMode):

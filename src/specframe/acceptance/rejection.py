@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import torch
 
 from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, chain_rows, leading_true
+from specframe.acceptance.nucleus import Nucleus
 from specframe.acceptance.select import kth_largest
 from specframe.hookspecs import hookimpl
 
@@ -45,6 +46,7 @@ class SamplingWarp:
         self.temperature = float(temperature)
         self.top_k = int(top_k) if top_k else None
         self.top_p = float(top_p) if top_p is not None and top_p < 1.0 else None
+        self._nucleus = Nucleus(self.top_p, self.top_k) if self.top_p is not None else None
 
     @property
     def truncates(self) -> bool:
@@ -66,13 +68,8 @@ class SamplingWarp:
                 kth = kth_largest(scaled.reshape(-1, scaled.shape[-1]), self.top_k).view(*scaled.shape[:-1], 1)
             scaled = scaled.sub(_below(scaled, kth), alpha=MASKED)
         probs = torch.softmax(scaled, dim=-1)
-        if self.top_p is not None:
-            sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-            mass_before = sorted_probs.cumsum(-1) - sorted_probs
-            keep_sorted = mass_before < self.top_p  # the token that crosses top_p is kept
-            keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
-            probs = probs.masked_fill(~keep, 0.0)
-            probs = probs / probs.sum(-1, keepdim=True)
+        if self._nucleus is not None:
+            probs = self._nucleus(probs)
         return probs
 
 
