@@ -35,12 +35,13 @@ import torch
 #: Candidates per row tried first when no smaller top-k bounds the kept tokens.
 DEFAULT_CANDIDATES = 64
 
-#: At most this fraction of the vocabulary is taken as candidates: beyond it the full sort is as cheap
-#: (measured on the development machine, 17 x 2048 float32, one thread: 1024 candidates cost as much).
+#: The candidate count grows to at most this fraction of the vocabulary: measured on the development machine
+#: (17 x 2048 float32), 1024 candidates cost as much as the full sort, 512 about 0.7x of it. A larger top-k
+#: than this bound (``top_k + 1`` candidates) takes the full sort directly.
 MAX_CANDIDATE_SHARE = 0.25
 
 #: The candidate count doubles for the next call when more than one row in this many took the full sort.
-UNDECIDED_SHARE = 8
+UNDECIDED_SHARE = 4
 
 
 def _masked_sorted(probs: torch.Tensor, top_p: float) -> torch.Tensor:
@@ -105,6 +106,9 @@ class Nucleus:
         top_p: Nucleus mass, in ``(0, 1)``.
         top_k: The top-k applied before, if any: with it at most ``top_k`` tokens (plus ties) are non-zero,
             so ``top_k + 1`` candidates usually decide every row.
+
+    Without a top-k the count starts at :data:`DEFAULT_CANDIDATES` and doubles after a call where more than
+    one row in :data:`UNDECIDED_SHARE` took the full sort, up to :data:`MAX_CANDIDATE_SHARE` of the vocabulary.
     """
 
     def __init__(self, top_p: float, top_k: int | None = None) -> None:
@@ -119,6 +123,7 @@ class Nucleus:
         flat = probs.reshape(-1, vocab)
         result, undecided = nucleus_candidates(flat, self.top_p, self.candidates)
         if undecided * UNDECIDED_SHARE > flat.shape[0]:
-            # Wider nuclei than the candidates hold: take more next time (the result never depends on it).
-            self.candidates *= 2
+            # Wider nuclei than the candidates hold: take more next time, up to the cap (the result never
+            # depends on the count). At the cap the undecided rows keep taking the full sort, those rows only.
+            self.candidates = max(self.candidates, min(2 * self.candidates, int(vocab * MAX_CANDIDATE_SHARE)))
         return result.view(probs.shape)
