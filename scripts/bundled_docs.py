@@ -215,7 +215,7 @@ def page(measured: list[dict[str, Any]]) -> str:
         f'setdlm = load_model("{BUNDLED["setdlm"]}")',
         "```",
         "",
-        "The name works everywhere a model is named: `compose({\"model\": ...})`, `--model` on the command line. "
+        'The name works everywhere a model is named: `compose({"model": ...})`, `--model` on the command line. '
         f'Without a model (`load_model()`, `specframe generate "def fib(n):"`) specframe uses `{DEFAULT_MODEL}`.',
         "",
         "## Training",

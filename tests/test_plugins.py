@@ -197,4 +197,3 @@ def test_the_registry_is_collected_once_per_change_of_the_plugin_set(host):
     assert "counted" in second.names("order_policy") and "counted" not in first.names("order_policy")
     unregister_plugin("counting")
     assert "counted" not in host.registry().names("order_policy") and len(calls) == 1
-

@@ -58,9 +58,7 @@ class GreedyAcceptance(AcceptanceRule):
         predicted = first_argmax(logits)
         proposals = None
         if logits.shape[0] > num_verify:
-            proposals = Proposals(
-                tokens=predicted[num_verify:], scores=lambda: top_probability(logits[num_verify:])
-            )
+            proposals = Proposals(tokens=predicted[num_verify:], scores=lambda: top_probability(logits[num_verify:]))
         return proposals, self._verdict(drafts, predicted, logits, num_verify)
 
     def describe(self) -> dict[str, object]:
