@@ -176,7 +176,7 @@ class DecodeState:
         for position, token in pairs:
             if position > self.end:
                 continue
-            if position < self.start or position in tokens:
+            if self.is_resolved(position):
                 raise RuntimeError(f"position {position} is already resolved; a schedule accepted it twice")
             tokens[position] = int(token)
             self._generation.append(position)
@@ -199,9 +199,9 @@ class DecodeState:
 
     def set_drafts(self, drafts: dict[int, DraftRef], scores: dict[int, float]) -> None:
         """Replace the stored draft with new draft tokens (kept only at unresolved positions <= end)."""
-        tokens, start, end = self.tokens, self.start, self.end
-        self.drafts = {p: d for p, d in drafts.items() if start <= p <= end and p not in tokens}
-        self.scores = {p: s for p, s in scores.items() if start <= p <= end and p not in tokens} if scores else {}
+        end, resolved = self.end, self.is_resolved
+        self.drafts = {p: d for p, d in drafts.items() if p <= end and not resolved(p)}
+        self.scores = {p: s for p, s in scores.items() if p <= end and not resolved(p)} if scores else {}
 
     def record(self, drafted: int, accepted: int, appended: int) -> None:
         """Record a verification outcome for the metrics."""
