@@ -290,9 +290,9 @@ class Decoder:
         allowed = {p for p, _ in plan.pending}
         allowed.update(plan.order[: min(drafts_accepted, len(plan.chain))])
         rows, positions = [], []
-        accepted, start, prompt = state.tokens, state.start, state.prompt
+        resolved_token = state.resolved_token
         for position, (row, token) in call.commit_rows.items():
-            if position in allowed and (prompt[position] if position < start else accepted.get(position)) == token:
+            if position in allowed and resolved_token(position) == token:
                 rows.append(row)
                 positions.append(position)
         cache.commit(rows, positions)

@@ -101,6 +101,10 @@ class DecodeState:
         """The prompt or accepted output token at ``position``."""
         return self.prompt[position] if position < self.start else self.tokens[position]
 
+    def resolved_token(self, position: int) -> int | None:
+        """The prompt or accepted token at ``position``, or ``None`` while it is unresolved."""
+        return self.prompt[position] if position < self.start else self.tokens.get(position)
+
     def is_resolved(self, position: int) -> bool:
         """Whether ``position`` holds a prompt or accepted token."""
         return position < self.start or position in self.tokens
