@@ -43,6 +43,8 @@ def test_greedy_takes_no_options():
     [
         ({"temperature": 0}, "temperature must be a number > 0"),
         ({"temperature": -1.0}, "temperature"),
+        ({"temperature": float("inf")}, "temperature must be a number > 0 and finite"),
+        ({"temperature": float("nan")}, "temperature must be a number > 0 and finite"),
         ({"top_k": -3}, "top_k"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),

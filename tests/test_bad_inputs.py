@@ -310,3 +310,97 @@ def test_a_failing_model_loader_names_the_plugin(tmp_path, family, message):
     with plugin_registered(_BrokenFamily(), "broken_family"), pytest.raises(PluginError) as info:
         load_model(folder, family=family)
     assert message in str(info.value) and "plugin 'broken_family'" in str(info.value)
+
+
+# -- trial 2: prompts that are empty or not UTF-8, revisions of local models, unmarked hook functions ----------
+@pytest.fixture(scope="module")
+def bundled():
+    return compose({"schedule": "ar", "max_new_tokens": 2})
+
+
+def test_an_empty_prompt_text_is_refused_on_both_families(bundled):
+    """Nemotron's BOS used to turn "" into a one-token prompt while SetDLM refused it: both refuse it now."""
+    setdlm = compose({"model": "setdlm-stdlib-tiny", "schedule": "ar", "max_new_tokens": 2})
+    for decoder in (bundled, setdlm):
+        with pytest.raises(InputError, match="the prompt text is empty.*prompt_ids"):
+            decoder.generate("")
+    bos = bundled.model.bos_token_id
+    assert bundled.generate(prompt_ids=[bos]).prompt_ids == [bos]  # the way to start from BOS alone
+
+
+def test_an_empty_prompt_on_the_command_line(capsys):
+    code, out, err = _cli(capsys, "generate", "", "--max-new-tokens", "2")
+    assert code == 1 and out == "" and err.startswith("error: the prompt text is empty")
+
+
+@pytest.mark.parametrize("text", ["ab\udcff", "\ud800x"])
+def test_text_with_lone_surrogates_is_an_input_error(bundled, text):
+    with pytest.raises(InputError, match="not valid Unicode: character [02] is a lone surrogate"):
+        bundled.generate(text)
+    with pytest.raises(ConfigError, match="stop string .* lone surrogate"):
+        compose({"model": bundled.model, "stop": [text]})
+
+
+class _Stdin:
+    """Standard input whose bytes are given (what a shell redirect from a file provides)."""
+
+    def __init__(self, data: bytes):
+        import io
+
+        self.buffer = io.BytesIO(data)
+
+
+def test_standard_input_that_is_not_utf8(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", _Stdin(b"def f\xff(x):"))
+    code, out, err = _cli(capsys, "generate", "-", "--max-new-tokens", "2")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert "standard input is not UTF-8 text (byte 0xff at offset 5)" in err and "internal error" not in err
+
+
+def test_standard_input_with_a_utf8_byte_order_mark_is_the_text_after_it(capsys, monkeypatch, bundled):
+    monkeypatch.setattr("sys.stdin", _Stdin("\ufeffdef fé(x):".encode()))
+    code, out, err = _cli(capsys, "generate", "-", "--schedule", "ar", "--max-new-tokens", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["prompt_ids"] == bundled.generate("def fé(x):").prompt_ids
+
+
+def test_a_prompt_argument_that_is_not_utf8(capsys):
+    code, _, err = _cli(capsys, "generate", "def f\udcff", "--max-new-tokens", "2")  # argv bytes b"\xff"
+    assert code == 1 and err.startswith("error: PROMPT: the text is not valid Unicode")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan"])
+def test_an_infinite_temperature_is_refused(capsys, value):
+    code, _, err = _cli(capsys, "generate", "x", "--temperature", value, "--max-new-tokens", "2")
+    assert code == 1 and "temperature must be a number > 0 and finite" in err
+
+
+def test_a_revision_of_a_local_or_bundled_model_is_refused(capsys, tmp_path):
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False)
+    for source in (folder, str(folder), None, "setdlm-stdlib-tiny"):
+        with pytest.raises(ConfigError, match="revision 'main' applies to Hub repo ids only"):
+            load_model(source, revision="main")
+    code, _, err = _cli(capsys, "generate", "x", "--revision", "v1", "--max-new-tokens", "2")
+    assert code == 1 and "revision 'v1' applies to Hub repo ids only" in err and "drop the revision" in err
+
+
+class _Unmarked:
+    def register_schedules(self, register):  # no @hookimpl: pluggy would never call it
+        register("never-seen", object)
+
+
+class _NoHooks:
+    def helper(self):  # pragma: no cover - never called
+        return None
+
+
+@pytest.mark.parametrize(
+    ("plugin", "message"),
+    [
+        (_Unmarked(), "register_schedules is not marked with @specframe.hookimpl"),
+        (_NoHooks(), "implements none of specframe's hooks"),
+    ],
+)
+def test_a_plugin_that_would_register_nothing_is_refused(plugin, message):
+    with pytest.raises(PluginError, match=message), plugin_registered(plugin, "quiet_plugin"):
+        pass  # pragma: no cover - registration fails

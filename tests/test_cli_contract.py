@@ -115,3 +115,22 @@ def test_a_closed_pipe_ends_quietly_with_the_sigpipe_status():
     err = proc.stderr.decode()
     assert proc.returncode == 141, err
     assert "internal error" not in err and "Traceback" not in err and "Exception ignored" not in err
+
+
+def _help(capsys, *args):
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--help"])
+    assert exit_info.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_says_what_each_command_does_and_the_defaults_that_apply(capsys):
+    from specframe.cli import EXTERNAL_HELP
+
+    text = _help(capsys)
+    for command, description in EXTERNAL_HELP.items():
+        assert f"{command} {description}" in text
+    assert "see `specframe" not in text and "COMMAND --help" in text
+    assert "output length limit (default 256)" in _help(capsys, "generate")
+    bench = _help(capsys, "bench")  # bench's length default is the task's cap, not generate's 256
+    assert "default 256" not in bench and "the task's own cap: smoke 128, humaneval 512" in bench

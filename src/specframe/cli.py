@@ -28,6 +28,12 @@ EXTERNAL_COMMANDS = {
     "train": "specframe.training.cli",
     "calibrate": "specframe.choice.cli",
 }
+# What `specframe --help` says about them without importing them.
+EXTERNAL_HELP = {
+    "bench": "compare schedules on a task's prompts (speed, accuracy, acceptance, bootstrap intervals)",
+    "train": "train one of the small bundled-style models on the Python standard library",
+    "calibrate": "measure (or show) this machine's model-call cost model, which width 'auto' uses",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,7 +73,11 @@ def _reader_gone() -> int:
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The argument parser; external subcommands are imported only when named on the command line."""
-    parser = argparse.ArgumentParser(prog="specframe", description="Lossless self-speculative decoding.")
+    parser = argparse.ArgumentParser(
+        prog="specframe",
+        description="Lossless self-speculative decoding.",
+        epilog="`specframe COMMAND --help` lists a command's options.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="{plugins,generate,bench,train,calibrate}")
     plugins = sub.add_parser("plugins", help="list registered plugins as JSON")
     plugins.add_argument(
@@ -80,7 +90,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
             module = importlib.import_module(module_name)
             module.add_parser(sub)
         else:
-            sub.add_parser(name, help=f"see `specframe {name} --help`", add_help=False)
+            sub.add_parser(name, help=EXTERNAL_HELP[name], add_help=False)
     return parser
 
 
@@ -94,8 +104,16 @@ def add_generate_parser(sub: Any) -> None:
     gen.set_defaults(handler=run_generate)
 
 
-def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = True) -> None:
-    """Options shared by ``generate`` and ``bench`` that compose a decoder."""
+def add_decoder_options(
+    parser: argparse.ArgumentParser, *, schedule: bool = True, length_default: tuple[int | None, str] = (256, "256")
+) -> None:
+    """Options shared by ``generate`` and ``bench`` that compose a decoder.
+
+    Args:
+        parser: The subcommand's parser.
+        schedule: Whether to add ``--schedule`` (``bench`` has ``--schedules`` instead).
+        length_default: The default of ``--max-new-tokens`` and how its help text states it.
+    """
     parser.add_argument(
         "--model",
         help="Hub repo id, checkpoint folder, or a bundled model's name "
@@ -121,7 +139,12 @@ def add_decoder_options(parser: argparse.ArgumentParser, *, schedule: bool = Tru
         default="auto",
         help="speculative width W, or auto: chosen per call from this machine's measured cost (default auto)",
     )
-    parser.add_argument("--max-new-tokens", type=int, default=256, help="output length limit (default 256)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=length_default[0],
+        help=f"output length limit (default {length_default[1]})",
+    )
     parser.add_argument("--temperature", type=float, help="sampling temperature (rejection sampling)")
     parser.add_argument("--top-k", type=int, help="top-k truncation (rejection sampling)")
     parser.add_argument("--top-p", type=float, help="top-p truncation (rejection sampling)")
@@ -326,7 +349,19 @@ def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None
     if args.prompt is None:
         raise InputError("no prompt: give PROMPT text, '-' to read standard input, or --prompt-ids")
     if args.prompt == "-":
-        return sys.stdin.read(), None
+        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        try:
+            return data.decode("utf-8-sig"), None
+        except UnicodeDecodeError as exc:
+            raise InputError(
+                f"standard input is not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); convert "
+                "the prompt to UTF-8 (e.g. iconv -f latin1 -t utf-8) or pass token ids with --prompt-ids"
+            ) from None
+    from specframe.models.tokenizer import unicode_problem
+
+    problem = unicode_problem(args.prompt)
+    if problem:
+        raise InputError(f"PROMPT: {problem}; give UTF-8 text or --prompt-ids")
     return args.prompt, None
 
 

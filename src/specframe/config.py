@@ -35,6 +35,7 @@ from specframe.errors import ConfigError, PluginError, SpecframeError
 from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
 from specframe.models.threads import apply_threads
+from specframe.models.tokenizer import unicode_problem
 from specframe.orders.base import OrderPolicy
 from specframe.plugins import KINDS, PluginEntry, get_registry
 from specframe.schedules.base import Schedule
@@ -154,6 +155,8 @@ class DecoderConfig:
             if isinstance(item, str):
                 if not item:
                     raise ConfigError("stop contains an empty string")
+                if unicode_problem(item):
+                    raise ConfigError(f"stop string {item!r}: {unicode_problem(item)}; give UTF-8 text")
             elif not (
                 isinstance(item, Sequence)
                 and item

@@ -330,6 +330,11 @@ class Decoder:
                     f"the prompt must be text (str), got {type(prompt).__name__} {prompt!r:.60}; pass token ids "
                     "as prompt_ids=[...]"
                 )
+            if not prompt:
+                raise InputError(
+                    "the prompt text is empty; give some text, or prompt_ids=[...] (--prompt-ids) to start from "
+                    "special tokens alone"
+                )
             ids = self.model.encode_prompt(prompt)
         else:
             ids = token_id_list(prompt_ids, "prompt_ids")

@@ -246,6 +246,10 @@ class PluginHost:
                 PluginFailure(name, distribution, f"unknown hook {', '.join(unknown)}; hooks are: {known}")
             )
             return False
+        problem = _unmarked_hooks(self.pm, plugin)
+        if problem:
+            self.failures.append(PluginFailure(name, distribution, problem))
+            return False
         try:
             self.pm.register(plugin, name=name)
         except (pluggy.PluginValidationError, ValueError) as exc:
@@ -283,6 +287,21 @@ class PluginHost:
                         PluginFailure(plugin_name, distribution, f"{hook_name} raised {_describe(exc)}")
                     )
         return registry
+
+
+def _unmarked_hooks(pm: pluggy.PluginManager, plugin: object) -> str | None:
+    """Why a plugin would register nothing: hook functions without ``@hookimpl``, or no hook at all."""
+    hooks = [hook for hook, _ in KINDS.values()]
+    marked = [h for h in hooks if pm.parse_hookimpl_opts(plugin, h) is not None]
+    unmarked = [h for h in hooks if h not in marked and callable(getattr(plugin, h, None))]
+    if unmarked:
+        return (
+            f"{', '.join(unmarked)} {'is' if len(unmarked) == 1 else 'are'} not marked with @specframe.hookimpl, so "
+            "specframe would never call it; decorate each hook function with @hookimpl"
+        )
+    if not marked:
+        return f"implements none of specframe's hooks ({', '.join(hooks)}, each marked with @specframe.hookimpl)"
+    return None
 
 
 def _make_register(registry: Registry, kind: str, plugin: str, distribution: str) -> Callable[..., None]:

@@ -10,6 +10,7 @@ ahead): that is what keeps the output distribution exact.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -216,11 +217,11 @@ def make_rejection(temperature: float = 1.0, top_k: int | None = None, top_p: fl
     """Factory for the ``rejection`` rule with validated options.
 
     Raises:
-        ValueError: For a non-positive temperature, a negative top_k or a top_p outside (0, 1].
+        ValueError: For a non-positive or infinite temperature, a negative top_k or a top_p outside (0, 1].
     """
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
         raise ValueError(
-            f"temperature must be a number > 0 for rejection sampling, got {temperature!r}; "
+            f"temperature must be a number > 0 and finite for rejection sampling, got {temperature!r}; "
             "for temperature 0 use the 'greedy' rule"
         )
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):

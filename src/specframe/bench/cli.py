@@ -36,8 +36,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "acceptance with paired 95% bootstrap intervals against a baseline. `specframe bench merge DIR... "
         "--out DIR` combines shards.",
     )
-    add_decoder_options(parser, schedule=False)
-    parser.set_defaults(max_new_tokens=None)  # the task's own cap unless given
+    caps = ", ".join(f"{name} {get_task(name).max_new_tokens}" for name in TASKS)
+    add_decoder_options(parser, schedule=False, length_default=(None, f"the task's own cap: {caps}"))
     parser.add_argument("--task", default="smoke", help=f"task: {', '.join(TASKS)} (default smoke)")
     parser.add_argument("--task-file", help="local JSON/JSONL/Parquet data for --task instead of its default source")
     parser.add_argument(
@@ -62,7 +62,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="wrap each prompt, e.g. a chat format '<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n' "
         "(default: raw prompts)",
     )
-    parser.add_argument("--out", help="output folder (rerunning with the same folder resumes)")
+    parser.add_argument("--out", help="output folder, required (rerunning with the same folder resumes)")
     parser.add_argument("--limit", type=int, help="only the first N prompts")
     parser.add_argument("--baseline", help="schedule (or schedule/wW) to compare against (default linear, else ar)")
     parser.add_argument("--shard", help="i/n: only prompts with index %% n == i (merge shards afterwards)")

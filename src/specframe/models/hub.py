@@ -12,7 +12,7 @@ import re
 from importlib import resources
 from pathlib import Path
 
-from specframe.errors import CheckpointError
+from specframe.errors import CheckpointError, ConfigError
 
 DEFAULT_MODEL = "nemotron-stdlib-tiny"
 ADAPTER_FOLDER = "linear_spec_lora"
@@ -98,20 +98,8 @@ def hub_cache_dir() -> str | None:
     return None
 
 
-def resolve_source(
-    source: str | os.PathLike[str] | None, *, revision: str | None = None, adapter: bool = False
-) -> Path:
-    """The local folder holding a model's files, downloading them from the Hub if needed.
-
-    Args:
-        source: ``None`` for the bundled default model, a local folder, the name of a bundled model (see
-            :func:`bundled_model_names`; a local folder of the same name wins), or a Hub repo id.
-        revision: Hub branch, tag or commit (ignored for local folders).
-        adapter: Also fetch the proposal-only adapter folder (``linear_spec_lora/``) from the Hub.
-
-    Raises:
-        CheckpointError: If the folder does not exist or the repo cannot be found, reached or read from cache.
-    """
+def _local_source(source: str | os.PathLike[str] | None) -> Path | None:
+    """The folder of a local or bundled source, or ``None`` for a Hub repo id (or a missing folder)."""
     if source is None:
         return bundled_model()
     path = Path(source).expanduser()
@@ -120,8 +108,34 @@ def resolve_source(
             raise CheckpointError(f"{path} is a file; pass the checkpoint folder that contains config.json")
         return path
     text = os.fspath(source)
-    if text in bundled_model_names():
-        return bundled_model(text)
+    return bundled_model(text) if text in bundled_model_names() else None
+
+
+def resolve_source(
+    source: str | os.PathLike[str] | None, *, revision: str | None = None, adapter: bool = False
+) -> Path:
+    """The local folder holding a model's files, downloading them from the Hub if needed.
+
+    Args:
+        source: ``None`` for the bundled default model, a local folder, the name of a bundled model (see
+            :func:`bundled_model_names`; a local folder of the same name wins), or a Hub repo id.
+        revision: Hub branch, tag or commit; only for a Hub repo id.
+        adapter: Also fetch the proposal-only adapter folder (``linear_spec_lora/``) from the Hub.
+
+    Raises:
+        CheckpointError: If the folder does not exist or the repo cannot be found, reached or read from cache.
+        ConfigError: If a revision is given for a local folder or a bundled model (it would be ignored).
+    """
+    local = _local_source(source)
+    if local is not None:
+        if revision is not None:
+            shown = local.name if source is None else os.fspath(source)
+            raise ConfigError(
+                f"revision {revision!r} applies to Hub repo ids only, and model {shown!r} is a local folder "
+                "or a bundled model; drop the revision (--revision)"
+            )
+        return local
+    text = os.fspath(source)
     if isinstance(source, Path) or not _REPO_ID.match(text):
         raise CheckpointError(f"checkpoint folder {text!r} does not exist (and it is not a Hub repo id)")
     patterns = list(MODEL_PATTERNS) + (list(ADAPTER_PATTERNS) if adapter else [])

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-from specframe.errors import CheckpointError
+from specframe.errors import CheckpointError, InputError
 
 TOKENIZER_NAME = "tokenizer.json"
 
@@ -37,8 +37,19 @@ class HubTokenizer:
             raise CheckpointError(f"cannot read tokenizer {path} ({exc}); restore or re-download it") from exc
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` without special tokens added."""
-        return self.backend.encode(text, add_special_tokens=False).ids
+        """Token ids of ``text`` without special tokens added.
+
+        Raises:
+            InputError: If ``text`` is not valid Unicode (it holds a lone surrogate, which is what Python
+                makes of bytes that are not UTF-8 in a command-line argument or a file read leniently).
+        """
+        try:
+            return self.backend.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            problem = unicode_problem(text) if isinstance(text, str) else None
+            if problem:
+                raise InputError(f"{problem}; give UTF-8 text (or token ids)") from None
+            raise
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens included."""
@@ -71,3 +82,15 @@ def load_tokenizer(folder: Path, vocab_size: int) -> HubTokenizer | None:
             "replace tokenizer.json with the model's own"
         )
     return tokenizer
+
+
+def unicode_problem(text: str) -> str | None:
+    """Why ``text`` cannot be encoded as UTF-8 (a lone surrogate, from undecodable bytes), or ``None``."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (
+            f"the text is not valid Unicode: character {exc.start} is a lone surrogate ({text[exc.start]!r}), "
+            "which is what bytes that are not UTF-8 turn into"
+        )
+    return None
