@@ -404,3 +404,17 @@ class _NoHooks:
 def test_a_plugin_that_would_register_nothing_is_refused(plugin, message):
     with pytest.raises(PluginError, match=message), plugin_registered(plugin, "quiet_plugin"):
         pass  # pragma: no cover - registration fails
+
+
+def test_more_threads_than_cores_is_refused_before_torch_is_asked(capsys, tmp_path):
+    """torch.set_num_threads(10**6) ends the process (OpenMP cannot create the threads): refuse it first."""
+    from specframe.models.threads import machine_cores
+
+    too_many = str(machine_cores() + 1)
+    code, _, err = _cli(capsys, "generate", "x", "--threads", too_many, "--max-new-tokens", "2")
+    assert code == 1 and f"threads {too_many} is more than the {machine_cores()} CPU core(s)" in err
+    work = tmp_path / "train"
+    for value, message in ((too_many, f"--threads {too_many} is more than the"), ("0", "--threads must be a positive")):
+        code, _, err = _cli(capsys, "train", "setdlm", "--work-dir", str(work), "--threads", value, "--steps", "1")
+        assert code == 1 and message in err, err
+    assert not work.exists()

@@ -34,7 +34,7 @@ from specframe.decoder import Decoder, seed_problem
 from specframe.errors import ConfigError, PluginError, SpecframeError
 from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
-from specframe.models.threads import apply_threads
+from specframe.models.threads import apply_threads, check_threads
 from specframe.models.tokenizer import unicode_problem
 from specframe.orders.base import OrderPolicy
 from specframe.plugins import KINDS, PluginEntry, get_registry
@@ -144,7 +144,7 @@ class DecoderConfig:
         if not isinstance(self.adapter, bool):
             raise ConfigError(f"adapter must be true or false, got {self.adapter!r}")
         if self.threads is not None:
-            _check_int("threads", self.threads, minimum=1)
+            check_threads(self.threads)
         if not isinstance(self.compile, bool):
             raise ConfigError(f"compile must be true or false, got {self.compile!r}")
         for name in ("schedule", "order", "acceptance"):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import random
 import statistics
@@ -120,7 +121,7 @@ class CostModel:
         """A cost model from :meth:`to_dict` output or a plain ``{"tau": ..., "delta": ...}`` mapping.
 
         Raises:
-            ConfigError: If ``tau`` or ``delta`` is missing or not a non-negative number, or a key is unknown.
+            ConfigError: If ``tau`` or ``delta`` is missing or not a finite number >= 0, or a key is unknown.
         """
         known = {"tau", "delta", "table", "host_s", "context", "long_table", "long_context", "key"}
         known |= {"calibration_s", "source", "host_row_s"}
@@ -133,8 +134,8 @@ class CostModel:
             value = values.get(name, 0.0)
             if name in ("tau", "delta") and name not in values:
                 raise ConfigError(f"cost model needs {name!r} (seconds), e.g. {{'tau': 0.007, 'delta': 0.0002}}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ConfigError(f"cost model {name} must be a number >= 0 (seconds), got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ConfigError(f"cost model {name} must be a number >= 0 and finite (seconds), got {value!r}")
         if values["tau"] + values["delta"] <= 0:
             raise ConfigError("cost model: tau + delta must be positive (a call cannot be free)")
         values["table"] = tuple((int(r), float(s)) for r, s in values.get("table", ()))

@@ -27,7 +27,10 @@ def test_small_models_get_one_thread_and_large_ones_the_free_cores():
 
 
 def test_explicit_threads_win_and_omp_num_threads_is_respected(monkeypatch):
+    monkeypatch.setattr("specframe.models.threads.machine_cores", lambda: 4)
     assert choose_threads(3, 10) == 3
+    with pytest.raises(ConfigError, match="threads 5 is more than the 4 CPU core"):
+        choose_threads(5, 10)  # thousands of threads would make OpenMP end the process
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert choose_threads(None, 10**10) is None
     assert choose_threads(1, 10**10) == 1
@@ -49,8 +52,10 @@ def test_the_policy_decides_once_per_model():
     assert apply_threads(backend, 2) == 2
 
 
-def test_compose_sets_threads_and_rejects_bad_values(tmp_path):
+def test_compose_sets_threads_and_rejects_bad_values(tmp_path, monkeypatch):
     from decoding_helpers import tiny_model
+
+    monkeypatch.setattr("specframe.models.threads.machine_cores", lambda: 2)  # also on a one-core machine
 
     model = tiny_model("setdlm", tmp_path / "m", vocab=24, seed=1)
     compose({"model": model, "schedule": "ar", "threads": 2})

@@ -58,16 +58,34 @@ def default_threads(parameters: int, *, cores: int | None = None, busy: int | No
     return max(1, min(wanted, free, cores))
 
 
+def check_threads(threads: object, option: str = "threads") -> int:
+    """An explicit thread count, checked: an integer from 1 to the cores this process may run on.
+
+    More threads than cores only make torch's threads wait for each other, and far more (thousands) make
+    OpenMP fail to create them, which ends the process.
+
+    Raises:
+        ConfigError: Naming ``option``, the value and the allowed range.
+    """
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"{option} must be a positive integer, got {threads!r}")
+    cores = machine_cores()
+    if threads > cores:
+        raise ConfigError(
+            f"{option} {threads} is more than the {cores} CPU core(s) this process may use; give at most {cores} "
+            "(more threads than cores only slow torch down)"
+        )
+    return threads
+
+
 def choose_threads(threads: int | None, parameters: int) -> int | None:
     """Resolve the thread count for a model: ``threads``, else ``None`` under ``OMP_NUM_THREADS``, else the policy.
 
     Raises:
-        ConfigError: If ``threads`` is not a positive integer.
+        ConfigError: If ``threads`` is not an integer from 1 to the machine's cores (:func:`check_threads`).
     """
     if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ConfigError(f"threads must be a positive integer, got {threads!r}")
-        return threads
+        return check_threads(threads)
     if os.environ.get("OMP_NUM_THREADS"):
         return None
     return default_threads(parameters)
@@ -82,7 +100,7 @@ def apply_threads(model: object, threads: int | None) -> int:
     torch's thread count is process-wide: the last decoder composed decides it.
 
     Raises:
-        ConfigError: If ``threads`` is not a positive integer.
+        ConfigError: If ``threads`` is not an integer from 1 to the machine's cores.
     """
     parameters = getattr(model, "num_parameters", None)
     if threads is None:

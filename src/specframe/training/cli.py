@@ -30,7 +30,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("family", help="nemotron-labs-diffusion (or nemotron), or setdlm")
     parser.add_argument("--work-dir", required=True, type=Path, help="run folder (resumed when it exists)")
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the shipped model's)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--threads", type=int, help="torch threads (default 2, or 1 on a one-core machine)")
     parser.add_argument(
         "--set",
         action="append",
@@ -54,7 +54,10 @@ def run(args: argparse.Namespace) -> int:
         config = preset(args.family, **overrides)
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"specframe train: {exc}") from exc
-    summary = train(config, args.work_dir, threads=args.threads, log=lambda line: print(line, flush=True))
+    from specframe.models.threads import check_threads, machine_cores
+
+    threads = min(2, machine_cores()) if args.threads is None else check_threads(args.threads, "--threads")
+    summary = train(config, args.work_dir, threads=threads, log=lambda line: print(line, flush=True))
     if args.ship is not None:
         ship(args.work_dir, args.ship, args.records)
         print(f"shipped to {args.ship}", flush=True)
