@@ -23,6 +23,9 @@ over its calls), split by part of the loop:
 * ``commit``: the KV cache commit of accepted rows;
 * ``loop``: the rest of the decoder loop (clocks, metrics, the checked-call context).
 
+``total`` is the sum, probes included (two clock reads per part and call); ``bare`` is the same replay on a
+second decoder without the probes: the host work per call as the bench sees it.
+
 A real forward streams the model's weights through the caches, so the host work after it runs with cold
 caches, 2-5x slower than in a warm replay. ``--cold`` emulates that: each replayed call first reads a buffer
 as large as the model's weights (that read is not counted).
@@ -135,6 +138,8 @@ def profile_method(
     parts: dict[str, float] = {}
     traced = compose({**config, "model": model})  # one decoder, as bench composes: templates are kept
     instrument(traced, parts)
+    plain = compose({**config, "model": model})  # the same, uninstrumented: the total without the probes
+    bare: list[float] = []
     for attempt in range(attempts):
         parts.update(dict.fromkeys((*PARTS, "wall"), 0.0))
         replay.index = 0
@@ -159,6 +164,8 @@ def profile_method(
         if replay.index != len(replay.calls):
             raise SystemExit(f"replay of {config} made {replay.index} calls, the recorded run {len(replay.calls)}")
         parts["wall"] -= replay.flushed
+        if attempt and not profiler:
+            bare.append(replay_total(plain, model, replay, prompts, expected) / calls * 1e6)
         per_call = {k: v / calls * 1e6 for k, v in parts.items()}
         per_call["loop"] = per_call["wall"] - sum(per_call[p] for p in PARTS)
         if profiler:
@@ -168,7 +175,26 @@ def profile_method(
         elif attempt and (best is None or per_call["wall"] < best["wall"]):
             best = per_call
     assert best is not None
+    best["bare"] = min(bare)
     return {"calls_per_run": len(replay.calls), "us_per_call": best, "cprofile": stats_text}
+
+
+def replay_total(decoder: Decoder, model: Any, replay: Replay, prompts: list[list[int]], expected: list) -> float:
+    """CPU seconds of one uninstrumented replay of every prompt (the cache flushes not counted)."""
+    replay.index = 0
+    replay.flushed = 0.0
+    model.forward = replay.replay
+    total = 0.0
+    try:
+        for prompt, tokens in zip(prompts, expected, strict=True):
+            started = clock()
+            result = decoder.generate(prompt_ids=prompt)
+            total += clock() - started
+            if result.output_ids != tokens:
+                raise SystemExit("the uninstrumented replay diverged from the recorded run")
+    finally:
+        del model.forward
+    return total - replay.flushed
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -197,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     caches = "cold caches" if args.cold else "warm caches"
     print(f"host work per call, model replayed (µs, {caches}); {args.prompts} humaneval prompts, {args.tokens} tokens")
     header = " ".join(f"{p:>7}" for p in (*PARTS, "loop"))
-    print(f"{'model':22} {'method':10} {'order':10} {'calls':>5} {header}   total")
+    print(f"{'model':22} {'method':10} {'order':10} {'calls':>5} {header}   total    bare")
     for name in models:
         model = load_model(name)
         prompts = [model.encode_prompt(ex.prompt) for ex in examples[: args.prompts]]
@@ -216,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             row = result["us_per_call"]
             cells = " ".join(f"{row[p]:7.1f}" for p in (*PARTS, "loop"))
             label = config["order"]
-            print(f"{name:22} {method:10} {label:10} {result['calls_per_run']:5d} {cells} {row['wall']:7.1f}")
+            line = f"{name:22} {method:10} {label:10} {result['calls_per_run']:5d} {cells} {row['wall']:7.1f}"
+            print(f"{line} {row['bare']:7.1f}")
             if result["cprofile"]:
                 print(result["cprofile"])
     return 0

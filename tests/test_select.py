@@ -13,7 +13,7 @@ from specframe import compose
 from specframe.acceptance import nucleus, select
 from specframe.acceptance.nucleus import Nucleus, nucleus_candidates, nucleus_sorted
 from specframe.acceptance.rejection import SamplingWarp
-from specframe.acceptance.select import first_argmax, kth_largest
+from specframe.acceptance.select import chunked_first_argmax, first_argmax, host_first_argmax, kth_largest
 
 SHAPES = [(17, 2048), (9, 4096), (3, 24), (1, 2048), (40, 1024), (5, 3000), (3, 16384), (2, 131072)]
 
@@ -40,9 +40,27 @@ def test_kth_largest_equals_topk(rows, vocab):
 @pytest.mark.parametrize(("rows", "vocab"), SHAPES)
 def test_first_argmax_equals_max_indices_ties_included(rows, vocab):
     for values in _inputs(rows, vocab, seed=rows + vocab):
-        assert torch.equal(first_argmax(values), values.max(dim=-1).indices)
+        expected = values.max(dim=-1).indices
+        assert torch.equal(first_argmax(values), expected)
+        assert torch.equal(chunked_first_argmax(values), expected)
+        assert host_first_argmax(values) == expected.tolist()
     transposed = torch.randn(vocab, rows).t()  # not contiguous: the plain path
     assert torch.equal(first_argmax(transposed), transposed.max(dim=-1).indices)
+    assert torch.equal(chunked_first_argmax(transposed), transposed.max(dim=-1).indices)
+
+
+def test_numpy_argmax_matches_torch_on_nan_and_infinite_rows():
+    values = torch.zeros(4, 64)
+    values[1, [5, 9]] = 1.0
+    values[2, [7, 3]] = float("nan")
+    values[3] = float("-inf")
+    values = torch.cat([values, values.half().float()])
+    for tensor in (values, values.double(), values.half()):
+        expected = tensor.max(dim=-1).indices
+        assert host_first_argmax(tensor) == expected.tolist() == [0, 5, 3, 0] * 2
+        assert torch.equal(first_argmax(tensor), expected)
+    assert host_first_argmax(values.bfloat16()) is None  # numpy has no bfloat16: the torch path
+    assert host_first_argmax(values.requires_grad_()) is None
 
 
 def test_the_chunked_paths_are_the_ones_tested(monkeypatch):
@@ -55,7 +73,7 @@ def test_the_chunked_paths_are_the_ones_tested(monkeypatch):
         return gather(self, *args, **kwargs)
 
     monkeypatch.setattr(torch.Tensor, "gather", counted)
-    first_argmax(torch.randn(2, 131072))
+    chunked_first_argmax(torch.randn(2, 131072))
     kth_largest(torch.randn(17, 2048), 20)
     assert seen["gather"] == 2
     assert select.CHUNKED_ARGMAX_MIN_VOCAB <= 131072 and select.CHUNKED_TOPK_MIN <= 17 * 2048

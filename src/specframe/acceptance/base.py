@@ -22,34 +22,52 @@ class Proposals(DeferredRead):
 
     The tokens and scores stay on the device until the host first needs them (:attr:`token_list`,
     :attr:`score_list`); a schedule reads them in the same transfer as the call's verdict with
-    :func:`specframe.hostread.read_together`. A rule may pass the scores as a function, computed only if
-    someone asks for them (a left-to-right order never does); :meth:`with_scores` computes them now, so that
-    they are read with the tokens.
+    :func:`specframe.hostread.read_together`. A rule that already has the tokens on the host (an argmax
+    computed by numpy on a CPU) passes them as a list; the tensor is then made only if someone asks for it.
+    A rule may pass the scores as a function, computed only if someone asks for them (a left-to-right order
+    never does); :meth:`with_scores` computes them now, so that they are read with the tokens.
 
     Args:
-        tokens: ``[k]`` proposed token ids.
+        tokens: ``[k]`` proposed token ids (a tensor, or a list of host values).
         scores: ``[k]`` confidence of each proposal: the probability its distribution gave the token (or a
             function returning it).
         probs: ``[k, V]`` dense proposal distributions, ``[k, K]`` values when ``ids`` is set (sparse,
             for truncated top-k / top-p distributions), or ``None`` for point masses (greedy).
         ids: ``[k, K]`` token ids of the sparse entries in ``probs``, or ``None`` when dense.
+        device: Where the tokens' tensor is made when ``tokens`` is a list (the CPU by default).
     """
 
     def __init__(
         self,
-        tokens: torch.Tensor,
+        tokens: torch.Tensor | list[int],
         scores: torch.Tensor | Callable[[], torch.Tensor],
         probs: torch.Tensor | None = None,
         ids: torch.Tensor | None = None,
+        *,
+        device: torch.device | None = None,
     ) -> None:
-        self.tokens = tokens
         self.probs = probs
         self.ids = ids
         self._scores = scores
-        self._token_list: list[int] | None = None
         self._score_list: list[float] | None = None
-        # One device-to-host copy per batch; reading single tokens from a GPU tensor would sync per token.
-        self._expect(("tokens", "scores") if isinstance(scores, torch.Tensor) else ("tokens",))
+        if isinstance(tokens, list):
+            self._tokens: torch.Tensor | None = None
+            self._token_list: list[int] | None = tokens
+            self._device = device
+            if isinstance(scores, torch.Tensor):
+                self._expect(("scores",))
+        else:
+            self._tokens = tokens
+            self._token_list = None
+            # One device-to-host copy per batch; reading single tokens from a GPU tensor would sync per token.
+            self._expect(("tokens", "scores") if isinstance(scores, torch.Tensor) else ("tokens",))
+
+    @property
+    def tokens(self) -> torch.Tensor:
+        """``[k]`` proposed token ids on the device."""
+        if self._tokens is None:
+            self._tokens = torch.tensor(self._token_list, dtype=torch.int64, device=self._device)
+        return self._tokens
 
     @property
     def scores(self) -> torch.Tensor:
@@ -60,13 +78,15 @@ class Proposals(DeferredRead):
 
     def with_scores(self) -> Proposals:
         """Compute deferred scores now, so that they are read in the same transfer as the tokens."""
-        if self._token_list is None and "scores" not in self._pending_names:
-            self._expect(("tokens", "scores"))
+        if self._score_list is None and "scores" not in self._pending_names:
+            self._expect(("scores",) if self._token_list is not None else ("tokens", "scores"))
         return self
 
     def _expect(self, names: tuple[str, ...]) -> None:
         self._pending_names = names
-        self._pending = tuple(self.tokens if name == "tokens" else self.scores for name in names)
+        self._pending = tuple(self._tokens if name == "tokens" else self.scores for name in names)
+
+    _pending_names: tuple[str, ...] = ()
 
     def _receive(self, values: list[list]) -> None:
         for name, value in zip(self._pending_names, values, strict=True):
@@ -87,10 +107,7 @@ class Proposals(DeferredRead):
     def score_list(self) -> list[float]:
         """The proposals' confidence scores on the host."""
         if self._score_list is None:
-            if self._token_list is None:
-                self.with_scores()
-            else:
-                self._expect(("scores",))
+            self.with_scores()
             self._read()
         return self._score_list
 

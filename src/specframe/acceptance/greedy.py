@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, first_argmax, top_probability
+from specframe.acceptance.select import host_first_argmax
 from specframe.hookspecs import hookimpl
 
 
@@ -22,19 +23,28 @@ class GreedyAcceptance(AcceptanceRule):
 
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None) -> Proposals:
         """Argmax of each row; the score is the token's softmax probability (computed when asked for)."""
-        return Proposals(tokens=first_argmax(logits), scores=lambda: top_probability(logits))
+        host = host_first_argmax(logits)
+        tokens = first_argmax(logits) if host is None else host
+        return Proposals(tokens, scores=lambda: top_probability(logits), device=logits.device)
 
     def verify(self, drafts: Sequence[DraftRef], logits: torch.Tensor, generator: torch.Generator | None) -> Verdict:
         """Accept the longest prefix of drafts equal to the verifier's argmax, then add its next argmax.
 
-        The verdict is deferred: the argmax stays on the device until the schedule reads the outcome, and the
-        comparison with the chain (whose tokens the host already knows) is a few integer compares.
+        On a CPU the argmax is computed on the host (numpy) and the verdict at once; elsewhere it is deferred:
+        the argmax stays on the device until the schedule reads the outcome. The comparison with the chain
+        (whose tokens the host already knows) is a few integer compares.
         """
-        return self._verdict(drafts, first_argmax(logits), logits, logits.shape[0])
+        host = host_first_argmax(logits)
+        return self._verdict(drafts, first_argmax(logits) if host is None else host, logits, logits.shape[0])
 
     @staticmethod
-    def _verdict(drafts: Sequence[DraftRef], predicted: torch.Tensor, logits: torch.Tensor, ranks: int) -> Verdict:
-        """The deferred verdict from ``predicted``, the argmax of ``logits``, whose first ``ranks`` rows verify."""
+    def _verdict(
+        drafts: Sequence[DraftRef], predicted: torch.Tensor | list[int], logits: torch.Tensor, ranks: int
+    ) -> Verdict:
+        """The verdict from ``predicted``, the argmax of ``logits`` whose first ``ranks`` rows verify.
+
+        ``predicted`` is a host list (the verdict is decided now) or a device tensor (read when needed).
+        """
         chain = [d.token for d in drafts]
 
         def resolve(values: list[list]) -> tuple[int, int | None]:
@@ -44,7 +54,12 @@ class GreedyAcceptance(AcceptanceRule):
                 accepted += 1
             return accepted, argmax[accepted] if accepted < ranks else None
 
-        return Verdict.deferred((predicted,), resolve, lambda: top_probability(logits[:ranks]))
+        def scores() -> torch.Tensor:
+            return top_probability(logits[:ranks])
+
+        if isinstance(predicted, list):
+            return Verdict(*resolve([predicted]), scores)
+        return Verdict.deferred((predicted,), resolve, scores)
 
     def propose_and_verify(
         self, drafts: Sequence[DraftRef], logits: torch.Tensor, num_verify: int, generator: torch.Generator | None
@@ -55,10 +70,15 @@ class GreedyAcceptance(AcceptanceRule):
         """
         if type(self).propose is not GreedyAcceptance.propose or type(self).verify is not GreedyAcceptance.verify:
             return super().propose_and_verify(drafts, logits, num_verify, generator)
-        predicted = first_argmax(logits)
+        host = host_first_argmax(logits)
+        predicted = first_argmax(logits) if host is None else host
         proposals = None
         if logits.shape[0] > num_verify:
-            proposals = Proposals(tokens=predicted[num_verify:], scores=lambda: top_probability(logits[num_verify:]))
+
+            def scores() -> torch.Tensor:
+                return top_probability(logits[num_verify:])
+
+            proposals = Proposals(predicted[num_verify:], scores, device=logits.device)
         return proposals, self._verdict(drafts, predicted, logits, num_verify)
 
     def describe(self) -> dict[str, object]:

@@ -5,7 +5,9 @@ element, about 8x slower than a plain ``amax`` (measured on the 2-core developme
 17 x 2048 logits of a Packed-SS W=8 call against 5 µs). Both selections here therefore first reduce each
 row to a few candidates with vectorised ``amax`` over chunks and run the indexed reduction on those only.
 The results are exactly those of the plain reductions, ties included; rows too small to pay for the extra
-ops take the plain path.
+ops take the plain path. On a CPU the first argmax is numpy's (vectorised, 5x faster than ``max`` over the
+17 x 2048 logits of a Packed-SS W=8 call, and 4 µs less per 1-row call), read straight into a host list by
+:func:`host_first_argmax` when the caller needs the values on the host anyway.
 """
 
 from __future__ import annotations
@@ -13,6 +15,11 @@ from __future__ import annotations
 import math
 
 import torch
+
+try:  # numpy's argmax is vectorised on CPUs (torch's runs a scalar loop); without numpy, torch's is used
+    import numpy
+except ImportError:  # pragma: no cover - numpy comes with nearly every torch install
+    numpy = None
 
 #: Rows shorter than this take the plain ``max`` for their argmax: measured on the development machine, the
 #: chunked one (4 ops more) pays from rows of ~8k entries (2.5x faster over 17 x 8192, 2.6x over 1 x 131072)
@@ -35,8 +42,37 @@ def _power_of_two_divisor(size: int, target: float) -> int | None:
     return best
 
 
+def host_first_argmax(logits: torch.Tensor) -> list[int] | None:
+    """:func:`first_argmax` of CPU logits as a host list, by numpy; ``None`` where numpy cannot read them.
+
+    numpy's ``argmax`` returns the first maximum of each row as ``max`` does (the first NaN of a row with
+    NaN, as torch's NaN-propagating ``max`` does too), so the indices are the same.
+    """
+    return logits.numpy().argmax(-1).tolist() if numpy_readable(logits) else None
+
+
+_NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
+
+
+def numpy_readable(tensor: torch.Tensor) -> bool:
+    """Whether numpy can work on ``tensor`` in place: numpy is installed and it is a float CPU tensor."""
+    return (
+        numpy is not None and tensor.device.type == "cpu" and tensor.dtype in _NUMPY_FLOATS and not tensor.requires_grad
+    )
+
+
 def first_argmax(logits: torch.Tensor) -> torch.Tensor:
     """``[k]`` index of each row's largest entry, the lowest one among ties (``torch.argmax``'s indices).
+
+    numpy's on a CPU (see :func:`host_first_argmax`), else :func:`chunked_first_argmax`.
+    """
+    if numpy_readable(logits):
+        return torch.from_numpy(logits.numpy().argmax(-1))
+    return chunked_first_argmax(logits)
+
+
+def chunked_first_argmax(logits: torch.Tensor) -> torch.Tensor:
+    """:func:`first_argmax` in torch ops, for any device.
 
     Large inputs are cut into chunks of consecutive entries: a vectorised ``amax`` per chunk, the first
     chunk holding the row's maximum (``max`` over the chunk maxima), then the first maximum inside it. The
