@@ -248,7 +248,7 @@ class Decoder:
         # Each call resolves at least one position or is a drafting-only call followed by one that does;
         # a schedule that loops without progress is a bug, reported instead of hanging.
         budget = 4 * (state.max_new_tokens + 2) * max(self.width, 1) + 8
-        clock, sync = time.perf_counter, self._sync
+        clock, sync = time.perf_counter, self._sync if model.device.type == "cuda" else _no_sync
         rows_per_call, choices = metrics.rows_per_call, metrics.choices
         sync()
         started = clock()
@@ -350,6 +350,10 @@ class Decoder:
     def _sync(self) -> None:
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
+
+
+def _no_sync() -> None:
+    """What the loop calls instead of :meth:`Decoder._sync` where the device runs synchronously (the CPU)."""
 
 
 def token_id_list(value: Any, name: str) -> list[int]:

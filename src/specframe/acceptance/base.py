@@ -258,6 +258,17 @@ class AcceptanceRule(ABC):
         return {"name": type(self).__name__}
 
 
+def draft_tokens(drafts: Sequence[DraftRef]) -> tuple[int, ...]:
+    """The token ids of ``drafts`` on the host (each batch's host list fetched once, not once per token)."""
+    tokens: list[int] = []
+    batch = values = None
+    for proposals, row in drafts:
+        if proposals is not batch:
+            batch, values = proposals, proposals.token_list
+        tokens.append(values[row])
+    return tuple(tokens)
+
+
 def chain_rows(drafts: Sequence[DraftRef]) -> list[tuple[Proposals, torch.Tensor | slice]]:
     """The chain's drafts grouped by the batch they came from: ``(proposals, rows)`` in rank order.
 

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 
 import torch
 
-from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, first_argmax, top_probability
+from specframe.acceptance.base import (
+    AcceptanceRule,
+    DraftRef,
+    Proposals,
+    Verdict,
+    draft_tokens,
+    first_argmax,
+    top_probability,
+)
 from specframe.acceptance.select import host_first_argmax
 from specframe.hookspecs import hookimpl
 
@@ -45,7 +53,7 @@ class GreedyAcceptance(AcceptanceRule):
 
         ``predicted`` is a host list (the verdict is decided now) or a device tensor (read when needed).
         """
-        chain = [d.token for d in drafts]
+        chain = draft_tokens(drafts)
 
         def resolve(values: list[list]) -> tuple[int, int | None]:
             argmax = values[0]

@@ -8,11 +8,11 @@ express reaches it as :class:`~specframe.state.LayoutTraits`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from specframe.acceptance.base import DraftRef, Proposals, Verdict
+from specframe.acceptance.base import DraftRef, Proposals, Verdict, draft_tokens
 from specframe.hostread import read_together
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.state import DecodeState
@@ -47,9 +47,10 @@ class Schedule(ABC):
         return self.name
 
 
-@dataclass(frozen=True)
-class VerificationWindow:
+class VerificationWindow(NamedTuple):
     """The active window in verification order, with the draft chain that covers its leading ranks.
+
+    (A named tuple: made once per call, it costs a fifth of a frozen dataclass.)
 
     Attributes:
         order: Window positions in rank order, possibly followed by one bonus position.
@@ -115,9 +116,10 @@ def accept_verdict(state: DecodeState, plan: CallPlan, chain: tuple[DraftRef, ..
         The number of tokens the verification added (h + 1, or h without a verifier token), before the
         stopping rules; the state applies EOS, stop sequences and the length limit.
     """
-    pairs = [(plan.order[r], chain[r].token) for r in range(verdict.accepted)]
-    if verdict.token is not None:
-        pairs.append((plan.order[verdict.accepted], verdict.token))
+    accepted, token = verdict.accepted, verdict.token
+    pairs = list(zip(plan.order[:accepted], draft_tokens(chain[:accepted]), strict=True))
+    if token is not None:
+        pairs.append((plan.order[accepted], token))
     kept = state.accept(pairs)
     state.record(drafted=len(chain), accepted=verdict.accepted, appended=kept)
     return len(pairs)
@@ -225,7 +227,7 @@ def window_plan(
     return CallPlan(
         pending=state.pending,
         order=window.order,
-        chain=tuple(d.token for d in window.chain),
+        chain=draft_tokens(window.chain),
         num_verify=window.num_verify,
         drafts=tuple(drafts),
         width=state.width if width is None else width,
