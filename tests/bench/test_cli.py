@@ -110,3 +110,19 @@ def test_equivalent_command_reproduces_the_settings():
     words = shlex.split(equivalent_command(original, "x"))
     assert words[:2] == ["specframe", "bench"]
     assert parsed(*words[2:]).to_dict() == original.to_dict()
+
+
+def test_a_width_that_nothing_would_use_is_refused():
+    import pytest
+
+    from specframe.errors import ConfigError
+
+    for argv, message in [
+        (["--schedules", "ar", "--widths", "4"], "--widths 4 would be unused: --schedules ar takes no"),
+        (["--schedules", "ar", "--width", "4"], "--width 4 would be unused"),
+        (["--widths", "4", "--width", "8"], "give --width or --widths, not both"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parsed(*argv)
+    assert parsed("--schedules", "ar").widths == ["auto"]
+    assert parsed("--schedules", "ar,kbranch:k=2", "--width", "4").widths == [4]

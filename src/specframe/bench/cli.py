@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specframe.bench.settings import BenchSettings, parse_shard
+from specframe.bench.settings import WIDTHLESS, BenchSettings, parse_shard
 from specframe.bench.tasks import TASKS, get_task
 from specframe.errors import ConfigError
-from specframe.specs import split_specs
+from specframe.specs import spec_name, split_specs
 
 DEFAULT_SCHEDULES = "ar,linear,quadratic,packed"
 
@@ -96,6 +96,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     if args.paper_repeats:
         repeats = task.paper_repeats if temperature_positive else 1
     widths = _width_list(args.widths) if args.widths else [args.width]
+    _check_widths_apply(args, _name_list(args.schedules))
     settings = BenchSettings(
         task=task.name,
         task_file=str(Path(args.task_file).expanduser().resolve()) if args.task_file else None,
@@ -145,6 +146,18 @@ def run(args: argparse.Namespace) -> int:
     print(report)
     print(f"\nwrote {Path(args.out) / 'records.jsonl'}, summary.json and plots", file=sys.stderr)
     return 0
+
+
+def _check_widths_apply(args: argparse.Namespace, schedules: list[str]) -> None:
+    """Refuse ``--width`` with ``--widths``, and a width given for schedules that take none (only ``ar``)."""
+    if args.widths and args.width != "auto":
+        raise ConfigError(f"give --width or --widths, not both (--width {args.width} --widths {args.widths})")
+    given = f"--widths {args.widths}" if args.widths else f"--width {args.width}" if args.width != "auto" else None
+    if given and all(spec_name(s) in WIDTHLESS for s in schedules):
+        raise ConfigError(
+            f"{given} would be unused: --schedules {args.schedules} takes no speculative width; drop {given.split()[0]} "
+            "or add a speculative schedule (e.g. packed)"
+        )
 
 
 def _name_list(text: str) -> list[str]:
