@@ -182,6 +182,25 @@ def test_entry_point_selection_env(monkeypatch):
     assert plugins._wanted_entry_points() is None
 
 
+def test_a_selected_plugin_that_is_not_installed_is_reported(monkeypatch):
+    """A typo in SPECFRAME_LOAD_PLUGINS used to load nothing, silently; now the name is a failure."""
+    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "adaptve_packed")
+    host = PluginHost()
+    messages = [str(f) for f in host.failures]
+    assert len(messages) == 1 and "plugin 'adaptve_packed'" in messages[0]
+    assert "named in SPECFRAME_LOAD_PLUGINS, but no installed specframe entry point" in messages[0]
+    with pytest.raises(UnknownPluginError, match="some plugins failed to load: plugin 'adaptve_packed'"):
+        host.registry().get("schedule", "adaptive-packed")
+    monkeypatch.setenv("SPECFRAME_LOAD_PLUGINS", "")
+    assert PluginHost().failures == []  # no plugin asked for, none missing
+
+
+def test_hook_functions_without_hookimpl_are_reported(host):
+    unmarked = types.SimpleNamespace(register_schedules=lambda register: None)
+    assert not host.register(unmarked, name="unmarked")
+    assert "register_schedules is not marked with @specframe.hookimpl" in str(host.failures[-1])
+
+
 def test_the_registry_is_collected_once_per_change_of_the_plugin_set(host):
     calls = []
 

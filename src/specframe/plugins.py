@@ -215,8 +215,10 @@ class PluginHost:
 
     def _load_entry_points(self) -> None:
         wanted = _wanted_entry_points()
+        installed: set[str] = set()
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             distribution = ep.dist.name if ep.dist is not None else "<unknown>"
+            installed |= {ep.name, distribution}
             if wanted is not None and ep.name not in wanted and distribution not in wanted:
                 continue
             if self.pm.has_plugin(ep.name):
@@ -227,6 +229,16 @@ class PluginHost:
                 self.failures.append(PluginFailure(ep.name, distribution, f"failed to import: {_describe(exc)}"))
                 continue
             self.register(plugin, name=ep.name, distribution=distribution)
+        for name in sorted((wanted or set()) - installed):
+            known = ", ".join(sorted(installed)) or "none"
+            self.failures.append(
+                PluginFailure(
+                    name,
+                    "<not installed>",
+                    f"is named in {LOAD_ENV}, but no installed specframe entry point or "
+                    f"distribution has that name (installed: {known})",
+                )
+            )
 
     def register(self, plugin: object, *, name: str, distribution: str = "<local>") -> bool:
         """Register a plugin object (module or instance); record a failure instead of raising.

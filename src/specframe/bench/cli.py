@@ -155,8 +155,8 @@ def _check_widths_apply(args: argparse.Namespace, schedules: list[str]) -> None:
     given = f"--widths {args.widths}" if args.widths else f"--width {args.width}" if args.width != "auto" else None
     if given and all(spec_name(s) in WIDTHLESS for s in schedules):
         raise ConfigError(
-            f"{given} would be unused: --schedules {args.schedules} takes no speculative width; drop {given.split()[0]} "
-            "or add a speculative schedule (e.g. packed)"
+            f"{given} would be unused: --schedules {args.schedules} takes no speculative width; drop "
+            f"{given.split()[0]} or add a speculative schedule (e.g. packed)"
         )
 
 
