@@ -30,6 +30,7 @@ from specframe.bench.tasks import get_task
 from specframe.costs import CostModel
 from specframe.models import load_model
 from specframe.models.threads import apply_threads
+from specframe.schedules import auto as auto_module
 
 ROWS = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32)
 CONTEXTS = (64, 320)
@@ -87,7 +88,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=40)
     parser.add_argument("--host-ms", type=float, default=0.3, help="decoder host ms per call, for every method")
     parser.add_argument("--cost", default="/tmp/specframe-reference-cost.json", help="reference cost cache")
+    parser.add_argument("--repeats", type=int, default=1, help="pass over the prompts this many times (one decoder)")
+    parser.add_argument("--z", type=float, default=None, help="override auto's CONFIDENCE_Z (deviations)")
+    parser.add_argument("--margin", type=float, default=None, help="override auto's SWITCH_MARGIN")
     args = parser.parse_args()
+    if args.z is not None:
+        auto_module.CONFIDENCE_Z = args.z
+    if args.margin is not None:
+        auto_module.SWITCH_MARGIN = args.margin
 
     model = load_model("nemotron-stdlib-tiny")
     apply_threads(model, None)
@@ -104,12 +112,12 @@ def main() -> None:
     methods[f"{args.schedule}/wauto"] = compose({**base, "schedule": args.schedule, "width": "auto"})
     if args.auto_schedule:
         methods["auto/wauto"] = compose({**base, "schedule": "auto", "width": "auto"})
-    for w in args.widths.split(","):
+    for w in filter(None, args.widths.split(",")):
         methods[f"{args.schedule}/w{w}"] = compose({**base, "schedule": args.schedule, "width": int(w)})
     totals = {name: [0.0, 0, 0] for name in methods}
     histograms: dict[str, dict[str, int]] = {name: {} for name in methods}
     reference = None
-    for example in examples:
+    for example in [e for _ in range(args.repeats) for e in examples]:
         for name, decoder in methods.items():
             result = decoder.generate(example.prompt)
             if name == "ar":
@@ -122,7 +130,7 @@ def main() -> None:
             for label, n in result.metrics.schedule_histogram().items():
                 histograms[name][label] = histograms[name].get(label, 0) + n
     rate = {name: tok / s for name, (s, tok, _) in totals.items()}
-    fixed = max(v for k, v in rate.items() if "wauto" not in k)
+    fixed = max(v for k, v in rate.items() if "wauto" not in k)  # ar, when no fixed width is given
     print(f"\n{args.task}, {len(examples)} prompts, {args.max_new_tokens} tokens; modelled tok/s:")
     for name, (_, tok, nfe) in totals.items():
         top = sorted(histograms[name].items(), key=lambda kv: -kv[1])[:4]

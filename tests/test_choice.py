@@ -14,7 +14,7 @@ from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, eos_ids, tiny_model
 from specframe import compose
 from specframe import costs as costs_module
 from specframe.choice.rates import Candidate, best, outcomes, throughput
-from specframe.choice.stats import AcceptanceStats, CallTimes, default_prior
+from specframe.choice.stats import AcceptanceStats, CallTimes, CallTokens, default_prior
 from specframe.cli import main
 from specframe.costs import CostModel, cost_model_for, fit, load_cached, model_key, save
 from specframe.errors import ConfigError
@@ -211,6 +211,47 @@ def test_a_farther_offset_never_checked_is_assumed_less_likely_until_a_request_c
     assert prior[4] == pytest.approx(min(default_prior(8)[4], FALLOFF * prior[3]))  # offset 4: never checked
 
 
+def test_lower_bounds_are_wide_on_few_checks_and_narrow_on_many():
+    stats = AcceptanceStats(8)
+    mean, few = stats.rates()["prefix"], stats.lower_rates(1.0)["prefix"]
+    assert stats.lower_rates(0.0) == stats.rates()
+    assert all(low <= q for low, q in zip(few[1:], mean[1:], strict=True))
+    assert all(few[d] <= few[d - 1] for d in range(3, 9))  # never rising beyond offset 2, like the estimates
+    # the prior alone counts 3 observations: sqrt(q (1 - q) / 4), a quarter at q = 1/2
+    assert mean[2] - few[2] == pytest.approx((mean[2] * (1 - mean[2]) / 4) ** 0.5)
+    for i in range(300):  # offset 2 accepted every other time, for many verifications
+        stats.observe([("prefix", 2)], accepted=i % 2)
+    mean, many = stats.rates()["prefix"], stats.lower_rates(1.0)["prefix"]
+    assert mean[2] == pytest.approx(0.5, abs=0.02)
+    assert 0.0 < mean[2] - many[2] < 0.1  # decayed counts saturate near 1 / (1 - decay) = 33 observations
+    assert mean[3] - many[3] == pytest.approx((mean[3] * (1 - mean[3]) / 4) ** 0.5)  # offset 3 unchecked: wide
+
+
+def test_realized_tokens_scale_a_candidates_prediction():
+    from specframe.choice.stats import TOKEN_CLIP
+
+    tokens = CallTokens(prior_calls=32)
+    assert tokens.factor("packed/w3") == 1.0
+    for _ in range(100):  # predicted 1.5 tokens per call, added 1.35
+        tokens.observe("packed/w3", 1.5, 1.35)
+    assert tokens.count("packed/w3") == 100 and tokens.count("packed/w2") == 0
+    # an unobserved width of the same schedule starts from the schedule's ratio, not from 1
+    pooled = (135 + 32 * 1.5) / (150 + 32 * 1.5)
+    assert tokens.factor("packed/w2") == pytest.approx(pooled)
+    assert tokens.factor("packed/w3") == pytest.approx((135 + 32 * 1.5 * pooled) / (150 + 32 * 1.5))
+    assert tokens.factor("kbranch/w3") == 1.0
+    for _ in range(1000):
+        tokens.observe("quadratic/w1", 1.5, 0.0)
+    assert tokens.factor("quadratic/w1") == pytest.approx(1 / TOKEN_CLIP)
+    candidates = [Candidate("ar", 0), Candidate("packed", 3)]
+    cheap = CostModel(0.01, 0.0).seconds
+    assert best(candidates, _q(0.6), cheap, _rows, free_bonus=True)[0] == Candidate("packed", 3)
+    halved = best(candidates, _q(0.6), cheap, _rows, free_bonus=True, scale=lambda label, t: t / (1 + (label != "ar")))
+    assert halved[0] == Candidate("ar", 0)  # its calls added half what the model predicted: AR wins
+    full = throughput(candidates[1], _q(0.6), cheap, _rows, free_bonus=True)
+    assert halved[1]["packed/w3"] == pytest.approx(0.5 * full)
+
+
 # -- the schedule ----------------------------------------------------------------------------------------
 
 
@@ -260,15 +301,22 @@ def test_metrics_report_the_histograms(models):
 # -- what the choice does with a planted acceptance pattern ---------------------------------------------
 
 
-def _plant(monkeypatch, q_of):
-    """Make every acceptance estimate ``q_of()`` (at every offset), with every offset well observed."""
+def _plant(monkeypatch, q_of, *, realized=False):
+    """Make every acceptance estimate ``q_of()`` (at every offset), with every offset well observed.
+
+    The planted rates are the truth: calls are credited with the tokens they predict (unless ``realized``),
+    and their lower confidence bounds are the estimates.
+    """
 
     def rates(self):
         value = q_of()
         return {"prefix": [value] * (self.size + 1), "branch": [value] * (self.size + 1)}
 
     monkeypatch.setattr(AcceptanceStats, "rates", rates)
+    monkeypatch.setattr(AcceptanceStats, "lower_rates", lambda self, z: rates(self))
     monkeypatch.setattr(AcceptanceStats, "checked", lambda self, source, offset: 100.0)
+    if not realized:
+        monkeypatch.setattr(CallTokens, "factor", lambda self, label: 1.0)
 
 
 def _ar_runs(labels):
@@ -377,6 +425,51 @@ def test_hysteresis_keeps_the_pick_between_near_equal_candidates(models, monkeyp
         assert changes <= 1  # the first pick is kept through every wobble
     else:
         assert changes >= len(estimates) // 3  # without the margin the pick follows the wobbles
+
+
+def _labels(decoder, model, prompt=(3, 5, 7)):
+    with eos_ids(model, ()):
+        return [label for label, _ in decoder.generate(prompt_ids=list(prompt)).metrics.choices]
+
+
+@pytest.mark.parametrize(("gain", "doubt", "drafts"), [(1.08, 0.0, True), (1.08, 0.2, False), (1.5, 0.05, True)])
+def test_drafting_must_pay_at_the_lower_bound_of_the_acceptance(models, monkeypatch, gain, doubt, drafts):
+    model = models[NEMOTRON]
+    probe = _long_decoder(model)
+    _labels(probe, model)  # sets up the schedule's row counting
+    q = _tie_acceptance(probe, gain)  # the best drafting candidate's estimate is `gain` times AR's
+    _plant(monkeypatch, lambda: q)
+    low = max(q - doubt, 0.0)  # the lower confidence bound: `doubt` below the estimate
+    bounds = lambda self, z: {source: [low] * (self.size + 1) for source in ("prefix", "branch")}  # noqa: E731
+    monkeypatch.setattr(AcceptanceStats, "lower_rates", bounds)
+    labels = _labels(probe, model)  # a decoder that has verified drafts: there is evidence to doubt
+    share = labels.count("ar") / len(labels)
+    if drafts:  # a clear gain, or one that doubt does not undo
+        assert share < 0.1
+    else:  # AR calls throughout, probes aside: plain AR calls beat drafting's pessimistic rate
+        assert share > 0.85 and labels[:15] == ["ar"] * 15
+
+
+def test_a_candidate_whose_calls_add_fewer_tokens_than_predicted_loses_its_pick(models, monkeypatch):
+    model = models[NEMOTRON]
+    decoder = _long_decoder(model)
+    _labels(decoder, model)
+    q = _tie_acceptance(decoder, 1.15)  # predicted 15% ahead of AR calls ...
+    real = CallTokens.observe
+
+    def observe(self, label, predicted, realized):  # ... but every call adds 1.25x fewer tokens than predicted
+        real(self, label, predicted, predicted / 1.25)
+
+    _plant(monkeypatch, lambda: q, realized=True)
+    monkeypatch.setattr(CallTokens, "observe", observe)
+    decoder = _long_decoder(model)
+    labels = _labels(decoder, model)
+    tokens = decoder.schedule._tokens
+    drafted = [label for label in set(labels) if label != "ar"]
+    assert drafted and tokens.count("ar") == 0
+    assert all(tokens.factor(label) < 0.9 for label in drafted if tokens.count(label) > 20)
+    assert labels[:10].count("ar") < 3  # drafting first, as predicted ...
+    assert labels[-60:].count("ar") > 50  # ... AR calls once the realized tokens are counted
 
 
 # -- the cost model --------------------------------------------------------------------------------------

@@ -202,11 +202,13 @@ def best(
     free_bonus: bool,
     k: int = 2,
     correct: Callable[[str, float], float] | None = None,
+    scale: Callable[[str, float], float] | None = None,
 ) -> tuple[Candidate, dict[str, float]]:
     """The candidate with the highest expected tokens per second, and every candidate's rate by label.
 
     ``correct(label, predicted seconds per call)``, when given, replaces a prediction with what calls of
-    that candidate were seen to take.
+    that candidate were seen to take; ``scale(label, predicted tokens per call)`` likewise replaces the
+    predicted tokens. Of candidates whose rates tie, the one of fewer rows per call (the narrower) wins.
     """
     rates = {}
     falling: dict[str, int] = {}
@@ -215,6 +217,8 @@ def best(
         if falling.get(c.kind, 0) >= 2:  # throughput is unimodal in the width: two drops in a row end the scan
             continue
         tokens, spent = steady_state(c, q, seconds, rows, free_bonus=free_bonus, k=k)
+        if scale is not None:
+            tokens = scale(c.label, tokens)
         rates[c.label] = tokens / (correct(c.label, spent) if correct else spent)
         falling[c.kind] = falling.get(c.kind, 0) + 1 if rates[c.label] < previous.get(c.kind, 0.0) else 0
         previous[c.kind] = rates[c.label]

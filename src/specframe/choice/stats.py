@@ -21,6 +21,7 @@ see :mod:`specframe.schedules.auto`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 SOURCES = ("prefix", "branch")
@@ -83,6 +84,26 @@ class AcceptanceStats:
         prefix = self._blend(*self._recent["prefix"], self.prior)
         branch = self._blend(*self._recent["branch"], prefix)
         return {"prefix": prefix, "branch": branch}
+
+    def lower_rates(self, z: float) -> dict[str, list[float]]:
+        """A lower confidence bound of each ``q_d``: the estimate less ``z`` of its standard deviations.
+
+        The estimate is a Beta posterior's mean over the recent (decayed) counts plus the prior's
+        pseudo-observations, so its deviation is ``sqrt(q (1 - q) / (n + 1))`` with ``n`` those counts together:
+        wide early in a request and at offsets rarely checked, narrow where many verifications reached.
+        Like the estimates, the bounds never rise with the offset beyond 2.
+        """
+        mean = self.rates()
+        out = {}
+        for source in SOURCES:
+            checked = self._recent[source][1]
+            low: list[float] = []
+            for d, q in enumerate(mean[source]):
+                n = checked[d] + self.weight
+                value = max(q - z * math.sqrt(q * (1.0 - q) / (n + 1.0)), 0.0)
+                low.append(min(value, low[d - 1]) if d >= 3 else value)
+            out[source] = low
+        return out
 
     def checked(self, source: str, offset: int) -> float:
         """Draft tokens of ``source`` at ``offset`` checked so far, over every request (not decayed)."""
@@ -193,3 +214,60 @@ class CallTimes:
         weight = 1.0 if learned >= LEARN_CALLS else learned / (learned + self.trust)
         counted = bias / DEAD_BAND if bias > DEAD_BAND else bias * DEAD_BAND if bias < 1 / DEAD_BAND else 1.0
         return predicted * load * (weight * counted + (1 - weight))
+
+
+#: Calls' worth of predictions a candidate's realized-tokens factor is shrunk towards 1 with (see CallTokens).
+TOKEN_PRIOR_CALLS = 32
+#: A realized-tokens factor is kept within this factor either way.
+TOKEN_CLIP = 1.25
+
+
+class CallTokens:
+    """How many tokens each candidate's calls added, against what the rate model predicted for them.
+
+    The rate model's steady state assumes that acceptance at each offset is independent from call to call,
+    which text need not honour (in the bundled model, Packed-SS at W = 3 was predicted about 1.47 tokens per
+    call and added 1.39). Realized over predicted tokens, summed over a candidate's calls, scale its
+    predicted tokens from then on. The ratio is shrunk towards its schedule's (all widths of the same
+    schedule together, so that a width left for being over-predicted does not hand over to its untried
+    neighbour at full credit), and that one towards 1, each by :data:`TOKEN_PRIOR_CALLS` calls' worth of
+    predictions. The prediction a call is compared with is the one its candidate was chosen by, so the text
+    both describe is the same; only calls whose previous call had the same candidate count (the first call
+    after a switch verifies the previous candidate's draft).
+
+    Args:
+        prior_calls: Calls' worth of predictions each ratio is shrunk with.
+    """
+
+    def __init__(self, *, prior_calls: float = TOKEN_PRIOR_CALLS) -> None:
+        self.prior_calls = prior_calls
+        self._sums: dict[str, list[float]] = {}  # label or kind -> [predicted, realized, calls]
+
+    def observe(self, label: str, predicted: float, realized: float) -> None:
+        """A call of ``label`` (``kind/wW``) predicted to add ``predicted`` tokens added ``realized``."""
+        for key in (label, _kind(label)):
+            sums = self._sums.setdefault(key, [0.0, 0.0, 0])
+            sums[0] += predicted
+            sums[1] += realized
+            sums[2] += 1
+
+    def count(self, label: str) -> int:
+        """Calls of ``label`` observed."""
+        return int(self._sums.get(label, (0.0, 0.0, 0))[2])
+
+    def factor(self, label: str) -> float:
+        """Realized over predicted tokens of ``label``'s calls, shrunk to its schedule's, that one to 1."""
+        pooled = self._shrunk(_kind(label), 1.0)
+        return min(max(self._shrunk(label, pooled), 1 / TOKEN_CLIP), TOKEN_CLIP)
+
+    def _shrunk(self, key: str, towards: float) -> float:
+        sums = self._sums.get(key)
+        if sums is None:
+            return towards
+        predicted, realized, calls = sums
+        pseudo = self.prior_calls * predicted / calls
+        return (realized + pseudo * towards) / (predicted + pseudo)
+
+
+def _kind(label: str) -> str:
+    return label.partition("/")[0]

@@ -22,7 +22,7 @@ import torch
 
 from specframe.acceptance.base import DraftRef, Proposals
 from specframe.choice.rates import Candidate, best, steady_state
-from specframe.choice.stats import LEARN_CALLS, AcceptanceStats, CallTimes
+from specframe.choice.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTokens
 from specframe.costs import CostModel
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult
@@ -65,8 +65,22 @@ EXPLORED = 4
 #: share (estimates of near-equal candidates wobble with every verification and every timed call, and each
 #: switch costs: see ``_switch_gain``).
 SWITCH_MARGIN = 0.03
+#: A switch must also pay (by more than SWITCH_MARGIN) with the acceptance taken this many standard
+#: deviations below its estimate (see :meth:`specframe.choice.stats.AcceptanceStats.lower_rates`), for both
+#: the pick and the candidate, and a drafting pick gives way to plain AR calls when they beat it so rated
+#: (once the decoder has verified a draft): a gain that rests on a few verifications, or on far offsets
+#: rarely checked, is no gain yet. Plain AR calls add one token whatever the acceptance, so near ties go
+#: to them and to narrower widths.
+CONFIDENCE_Z = 0.5
+#: Kinds whose predicted tokens per call are corrected by the tokens their calls added (CallTokens): a
+#: plain AR call adds one token, and a Linear-SS iteration is two calls.
+SCALED_KINDS = frozenset({"packed", "kbranch", "quadratic"})
 #: What ``schedule: "auto"`` chooses among.
 AUTO_KINDS = ("ar", "packed", "kbranch", "quadratic")
+
+
+#: The plain AR call candidate.
+AR = Candidate("ar", 0)
 
 
 def auto_widths(maximum: int) -> tuple[int, ...]:
@@ -153,6 +167,10 @@ class AutoSchedule(Schedule):
         self._times: CallTimes | None = None
         self._predicted: dict[str, float] = {}
         self._timed: tuple[str, float] | None = None
+        self._tokens = CallTokens()
+        self._predicted_tokens: dict[str, float] = {}
+        self._last_label: str | None = None
+        self._expect: float | None = None
 
     def bind(self, cost: CostModel, rows: Callable[[CallPlan], int]) -> None:
         """Give the schedule the machine's cost model and the family's row count of a plan (compose does)."""
@@ -163,6 +181,8 @@ class AutoSchedule(Schedule):
         # A measured cost model is corrected by what calls are seen to take; a given one is taken as is
         # (so that tests, and users who state their costs, get choices that do not depend on timing).
         self._times = None if cost.source == "given" else CallTimes()
+        self._tokens = CallTokens()
+        self._predicted_tokens.clear()
 
     def describe(self) -> dict[str, object]:
         """Name, candidates and the pooled acceptance by offset."""
@@ -194,7 +214,13 @@ class AutoSchedule(Schedule):
             self._current = self._choose(state)
         # A call is timed from here (its choice made: a scan's cost is not the candidate's) to the next plan();
         # a prompt call is no sample of a steady-state call.
-        self._timed = None if state.first_call else (self._current.label, time.perf_counter())
+        label = self._current.label
+        # Tokens are compared with the prediction only when this candidate also made the last call (the
+        # first call after a switch verifies the previous candidate's draft).
+        repeated = label == self._last_label and self._current.kind in SCALED_KINDS
+        self._expect = self._predicted_tokens.get(label) if repeated else None
+        self._last_label = label
+        self._timed = None if state.first_call else (label, time.perf_counter())
         state.width = max(self._current.width, 1)
         return self._schedules[self._current.kind].plan(state)
 
@@ -210,6 +236,8 @@ class AutoSchedule(Schedule):
         if plan.num_verify and known:
             self._stats.observe(known, min(accepted, len(known)))
             self._learned += 1
+        if self._expect is not None:
+            self._tokens.observe(self._current.label, self._expect, accepted + (plan.num_verify > accepted))
         self._offsets = _draft_offsets(state, plan)
         self._since_refresh += 1
         self._since_scan += 1
@@ -223,6 +251,7 @@ class AutoSchedule(Schedule):
         self._stats.start_request()
         self._offsets = {}
         self._current = None
+        self._last_label = None
         self._probe_left = 0
         self._judge_probe = False
         # The last request's pick carries over (so do the run of AR calls and the wait before a probe: short
@@ -354,30 +383,64 @@ class AutoSchedule(Schedule):
             free_bonus=state.ctx.traits.free_bonus,
             k=self.k,
             correct=self._correct,
+            scale=self._scale,
         )
+        low = self._pessimist(seconds, state.ctx.traits.free_bonus)
         current = self._chosen
         if current is not None and chosen != current and current.label in rates:
-            gain = self._switch_gain(current, chosen, rates, q, seconds, state.ctx.traits.free_bonus)
-            if gain <= 1 + SWITCH_MARGIN:
+            if self._switch_gain(current, chosen, low) <= 1 + SWITCH_MARGIN:
                 chosen = current
+        # Drafting must not be pessimistically worse than plain AR calls, once there is evidence to doubt:
+        # before this decoder verified any draft, its estimate is the prior, and drafting is how it learns.
+        if chosen.kind != "ar" and "ar" in rates and self._learned:
+            if self._switch_gain(chosen, AR, low) > 1 + SWITCH_MARGIN:
+                chosen = AR
         self._chosen = chosen
         self.rates.update(rates)
         self._since_refresh = 0
         return self._chosen
 
-    def _switch_gain(self, current, chosen, rates, q, seconds, free_bonus) -> float:
-        """How many times the current pick's tokens per second switching to ``chosen`` is expected to give.
+    def _switch_gain(self, current: Candidate, chosen: Candidate, low: Callable) -> float:
+        """How many times the current pick's tokens per second switching to ``chosen`` gives, pessimistically.
 
-        A switch from plain AR calls to drafting pays for one call that verifies nothing (no draft is
-        stored): over the REFRESH_CALLS calls until the next estimate, that call adds one token instead of
-        the steady state's ``T``, so the switch is credited ``1 - (T - 1) / (REFRESH_CALLS * T)`` of the
-        steady rate.
+        Both are rated by ``low`` (see :meth:`_pessimist`). A switch from plain AR calls to drafting also pays
+        for one call that verifies nothing (no draft is stored): over the REFRESH_CALLS calls until the next
+        estimate, that call adds one token instead of the steady state's ``T``, so the switch is credited
+        ``1 - (T - 1) / (REFRESH_CALLS * T)`` of the steady rate.
         """
-        gain = rates[chosen.label] / rates[current.label]
+        tokens, rate = low(chosen)
+        gain = rate / low(current)[1]
         if current.kind == "ar" and chosen.kind != "ar":
-            tokens, _ = steady_state(chosen, q, seconds, self._row_count, free_bonus=free_bonus, k=self.k)
             gain *= 1 - (tokens - 1) / (REFRESH_CALLS * tokens)
         return gain
+
+    def _pessimist(self, seconds: Callable[[int], float], free_bonus: bool) -> Callable:
+        """``(tokens, rate)`` of a candidate with the acceptance CONFIDENCE_Z deviations below its estimate.
+
+        Its predicted tokens are corrected by what its calls added and its seconds by what they took, as in
+        the estimate; memoised for one estimate (the bounds are computed on the first call).
+        """
+        memo: dict[Candidate, tuple[float, float]] = {}
+        bounds: list[dict[str, list[float]]] = []
+
+        def rate(candidate: Candidate) -> tuple[float, float]:
+            if candidate not in memo:
+                if not bounds:
+                    bounds.append(self._stats.lower_rates(CONFIDENCE_Z))
+                tokens, spent = steady_state(
+                    candidate, bounds[0], seconds, self._row_count, free_bonus=free_bonus, k=self.k
+                )
+                tokens *= self._tokens.factor(candidate.label)
+                corrected = self._times.correct(candidate.label, spent) if self._times is not None else spent
+                memo[candidate] = (tokens, tokens / corrected)
+            return memo[candidate]
+
+        return rate
+
+    def _scale(self, label: str, predicted: float) -> float:
+        """Tokens per call of ``label``: the prediction, corrected by what its calls added (CallTokens)."""
+        self._predicted_tokens[label] = predicted
+        return predicted * self._tokens.factor(label)
 
     def _correct(self, label: str, predicted: float) -> float:
         """Seconds per call of ``label``: the prediction, corrected by observed calls for a measured model."""
