@@ -134,3 +134,17 @@ def test_help_says_what_each_command_does_and_the_defaults_that_apply(capsys):
     assert "output length limit (default 256)" in _help(capsys, "generate")
     bench = _help(capsys, "bench")  # bench's length default is the task's cap, not generate's 256
     assert "default 256" not in bench and "the task's own cap: smoke 128, humaneval 512" in bench
+
+
+def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, checkpoints, tmp_path, monkeypatch):
+    """A cost model is cached per thread count: `calibrate --threads` must reach the one `generate --threads` uses."""
+    from specframe import costs
+
+    monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
+    quick = costs.calibrate
+    monkeypatch.setattr(costs, "calibrate", lambda *a, **k: quick(*a, **{**k, "budget_s": 0.05, "limit_s": 0.2}))
+    code, out, err = _run(capsys, "calibrate", "--model", checkpoints["setdlm"], "--threads", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["key"]["threads"] == 1 and json.loads(out)["key"]["path"] == "eager"
+    code, _, err = _run(capsys, "calibrate", "--model", checkpoints["setdlm"], "--threads", "0")
+    assert code == 1 and "threads must be a positive integer" in err

@@ -19,6 +19,8 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
     parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
     parser.add_argument("--revision", help="Hub revision of --model")
+    parser.add_argument("--threads", type=int, help="CPU threads, as for generate (default: the thread policy)")
+    parser.add_argument("--compile", action="store_true", help="the compiled path's cost, as for generate --compile")
     parser.add_argument("--refresh", action="store_true", help="calibrate again even if a cached cost model exists")
     parser.add_argument("--json", action="store_true", help="print the cost model as JSON")
     parser.set_defaults(handler=run)
@@ -31,9 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from specframe.costs import cache_path, cost_model_for
 
     # An AR decoder composes the model's pieces without needing a cost model itself.
-    decoder = compose(
-        {"model": args.model, "device": args.device, "dtype": args.dtype, "revision": args.revision, "schedule": "ar"}
-    )
+    loading = {"model": args.model, "device": args.device, "dtype": args.dtype, "revision": args.revision}
+    decoder = compose({**loading, "threads": args.threads, "compile": args.compile, "schedule": "ar"})
     model = decoder.model
     cost = cost_model_for(
         model,
