@@ -126,3 +126,15 @@ def test_a_width_that_nothing_would_use_is_refused():
             parsed(*argv)
     assert parsed("--schedules", "ar").widths == ["auto"]
     assert parsed("--schedules", "ar,kbranch:k=2", "--width", "4").widths == [4]
+
+
+def test_a_damaged_records_line_says_how_to_resume(tmp_path):
+    import pytest
+
+    from specframe.bench.records import read_records
+    from specframe.errors import SpecframeError
+
+    path = tmp_path / "records.jsonl"
+    path.write_text('{"prompt_index": 0}\n{"prompt_ind\n{"prompt_index": 1}\n', encoding="utf-8")
+    with pytest.raises(SpecframeError, match=r"line 2 is not valid JSON.*delete that line to resume"):
+        read_records(path)

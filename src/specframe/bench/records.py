@@ -81,7 +81,10 @@ def read_records(path: str | Path, *, repair: bool = False) -> list[dict[str, An
         try:
             records.append(json.loads(line))
         except ValueError:
-            raise SpecframeError(f"{path}, line {number} is not valid JSON; the records file is damaged") from None
+            raise SpecframeError(
+                f"{path}, line {number} is not valid JSON; the records file is damaged: delete that line to resume "
+                "with the other records, or use a new --out folder"
+            ) from None
     return records
 
 
