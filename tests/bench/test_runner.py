@@ -124,8 +124,11 @@ def test_two_shards_merged_equal_one_unsharded_run(tmp_path, tiny_setdlm):
 def test_merge_refuses_runs_with_different_settings(tmp_path, tiny_setdlm):
     run(tmp_path / "a", tiny_setdlm, shard=(0, 2))
     run(tmp_path / "b", tiny_setdlm, shard=(1, 2), max_new_tokens=5)
-    with pytest.raises(SpecframeError, match="max_new_tokens"):
+    with pytest.raises(SpecframeError, match="max_new_tokens.*only shards of one run can be merged"):
         merge_runs([tmp_path / "a", tmp_path / "b"], tmp_path / "m", log=lambda _: None)
+    with pytest.raises(SpecframeError, match="are the same folder; name each shard folder once"):
+        merge_runs([tmp_path / "a", tmp_path / "x" / ".." / "a"], tmp_path / "m", log=lambda _: None)
+    assert not (tmp_path / "m").exists()
 
 
 def test_sampling_repeats_use_distinct_seeds(tmp_path, tiny_setdlm):

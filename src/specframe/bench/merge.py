@@ -50,6 +50,12 @@ def merge_runs(
     log = log or (lambda text: print(text, file=sys.stderr))
     if not folders:
         raise SpecframeError("nothing to merge: name the shard output folders")
+    seen: dict[Path, str | Path] = {}
+    for folder in folders:
+        if Path(folder).resolve() in seen:
+            first_name = seen[Path(folder).resolve()]
+            raise SpecframeError(f"{folder} and {first_name} are the same folder; name each shard folder once")
+        seen[Path(folder).resolve()] = folder
     out = Path(out)
     if (out / RECORDS_FILE).exists() and any(Path(f).resolve() == out.resolve() for f in folders):
         raise SpecframeError(f"--out {out} is one of the folders being merged; pick a new folder")
@@ -63,7 +69,9 @@ def merge_runs(
         runs.append(run)
     first = BenchSettings.from_dict(runs[0]["settings"])
     for folder, run in zip(folders[1:], runs[1:], strict=True):
-        check_same_run(run["settings"], first, f"{folder} (compared with {folders[0]})")
+        check_same_run(
+            run["settings"], first, f"{folder} (compared with {folders[0]})", "only shards of one run can be merged"
+        )
     merged: dict[Any, dict[str, Any]] = {}
     conflicts = 0
     for folder in folders:

@@ -142,15 +142,21 @@ def write_json(path: str | Path, data: Any) -> None:
     os.replace(temporary, path)
 
 
-def check_same_run(stored: Mapping[str, Any], current: BenchSettings, where: str) -> None:
+RESUME_HINT = "rerun with the stored settings to resume it, or use a new --out folder"
+
+
+def check_same_run(stored: Mapping[str, Any], current: BenchSettings, where: str, hint: str = RESUME_HINT) -> None:
     """Refuse to mix records made under different settings.
+
+    Args:
+        stored: The settings a folder's ``run.json`` holds.
+        current: The settings compared with them.
+        where: The folder, as the message names it.
+        hint: What the message tells the user to do.
 
     Raises:
         SpecframeError: Listing each differing setting.
     """
     diff = differences(stored, current.to_dict())
     if diff:
-        raise SpecframeError(
-            f"{where} holds a run with different settings ({'; '.join(diff)}); rerun with the stored settings to "
-            "resume it, or use a new --out folder"
-        )
+        raise SpecframeError(f"{where} holds a run with different settings ({'; '.join(diff)}); {hint}")
