@@ -418,3 +418,46 @@ def test_more_threads_than_cores_is_refused_before_torch_is_asked(capsys, tmp_pa
         code, _, err = _cli(capsys, "train", "setdlm", "--work-dir", str(work), "--threads", value, "--steps", "1")
         assert code == 1 and message in err, err
     assert not work.exists()
+
+
+# -- specframe train: settings and work folders are checked before the corpus is prepared ---------------------
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"steps": 0}, "steps must be an integer >= 1, got 0"),
+        ({"hidden_size": "abc"}, "hidden_size must be an integer >= 1, got 'abc'"),
+        ({"lr": 0.0}, "lr must be > 0"),
+        ({"rope_theta": float("nan")}, "rope_theta must be a finite number >= 0"),
+        ({"bf16": "yes"}, "bf16 must be true or false"),
+        ({"objective": 3}, "objective must be a JSON object"),
+        ({"num_key_value_heads": 3}, "num_attention_heads=4 must be a multiple of num_key_value_heads=3"),
+    ],
+)
+def test_training_settings_are_checked(overrides, message):
+    from specframe.training.trainer import preset
+
+    with pytest.raises(ValueError, match=message):
+        preset("setdlm", **overrides)
+    assert preset("setdlm", seed=0, warmup=0).warmup == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--set", "hidden_size=abc"], "hidden_size must be an integer >= 1, got 'abc'"),
+        (["--set", "hiden_size=64"], "unknown training setting(s) hiden_size; settings: vocab_size, hidden_size"),
+        (["--steps", "0"], "steps must be an integer >= 1, got 0"),
+    ],
+)
+def test_train_refuses_bad_settings_before_writing_anything(capsys, tmp_path, extra, message):
+    work = tmp_path / "run"
+    code, _, err = _cli(capsys, "train", "setdlm", "--work-dir", str(work), *extra)
+    assert code == 1 and message in err and "internal error" not in err, err
+    assert not work.exists()
+
+
+def test_train_refuses_a_work_folder_that_cannot_be_one(capsys, tmp_path):
+    (tmp_path / "file").write_text("x")
+    for work, message in [(tmp_path / "file", "is an existing file"), (tmp_path / "file" / "sub", "cannot be used")]:
+        code, _, err = _cli(capsys, "train", "setdlm", "--work-dir", str(work), "--steps", "1")
+        assert code == 1 and f"--work-dir {work} {message}" in err and "internal error" not in err, err

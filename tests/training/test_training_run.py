@@ -121,7 +121,7 @@ def test_distillation_stage_continues_a_finished_run(tmp_path, tiny_corpus):
 def test_distillation_settings_are_checked():
     with pytest.raises(ValueError, match="nemotron-labs-diffusion only"):
         trainer.preset("setdlm", distill_steps=2)
-    with pytest.raises(ValueError, match="distill_steps must be >= 0"):
+    with pytest.raises(ValueError, match="distill_steps must be an integer >= 0"):
         trainer.preset("nemotron", distill_steps=-1)
     with pytest.raises(ValueError, match="distill.rollout must be >= 1"):
         trainer.preset("nemotron", distill={"rollout": 0})

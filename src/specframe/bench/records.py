@@ -33,15 +33,19 @@ def record_method(record: Mapping[str, Any]) -> Method:
     return Method(str(record["schedule"]), record.get("width"))
 
 
-def prepare_folder(out: str | Path) -> Path:
+def prepare_folder(out: str | Path, *, option: str = "--out") -> Path:
     """Create the output folder (and its parents) and check that files can be written in it.
+
+    Args:
+        out: The folder.
+        option: The command-line option that named it, for messages.
 
     Raises:
         OutputError: If the path is an existing file, lies under a file, or cannot be created or written.
     """
     folder = Path(out).expanduser()
     if folder.exists() and not folder.is_dir():
-        raise OutputError(f"--out {out} is an existing file, not a folder; give a folder path for the results")
+        raise OutputError(f"{option} {out} is an existing file, not a folder; give a folder path for the results")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".specframe-write-test"
@@ -50,7 +54,7 @@ def prepare_folder(out: str | Path) -> Path:
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise OutputError(
-            f"--out {out} cannot be used as the output folder ({reason}: {exc.filename or folder}); give a "
+            f"{option} {out} cannot be used as the output folder ({reason}: {exc.filename or folder}); give a "
             "writable folder path (one that is not inside a file or a system folder such as /proc)"
         ) from exc
     return folder

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,14 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``specframe train``."""
-    from specframe.training.trainer import preset, ship, train
+    from specframe.bench.records import prepare_folder
+    from specframe.training.trainer import TrainConfig, preset, ship, train
 
     overrides = dict(_setting(item) for item in args.set)
+    known = [f.name for f in fields(TrainConfig) if f.name != "family"]
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise ConfigError(f"--set: unknown training setting(s) {', '.join(unknown)}; settings: {', '.join(known)}")
     if args.steps is not None:
         overrides["steps"] = args.steps
     try:
@@ -57,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from specframe.models.threads import check_threads, machine_cores
 
     threads = min(2, machine_cores()) if args.threads is None else check_threads(args.threads, "--threads")
+    prepare_folder(args.work_dir, option="--work-dir")
     summary = train(config, args.work_dir, threads=threads, log=lambda line: print(line, flush=True))
     if args.ship is not None:
         ship(args.work_dir, args.ship, args.records)

@@ -23,7 +23,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,9 @@ from specframe.training.objectives import AnyOrderObjective, Batch, BlockDiffusi
 NEMOTRON, SETDLM = nemotron.FAMILY, setdlm.FAMILY
 FAMILY_MODULES = {NEMOTRON: nemotron, SETDLM: setdlm}
 FAMILY_ALIASES = {"nemotron": NEMOTRON, NEMOTRON: NEMOTRON, "setdlm": SETDLM}
+
+
+_MAY_BE_ZERO = frozenset({"seed", "warmup", "distill_steps"})  # integer settings for which 0 makes sense
 
 
 @dataclass(frozen=True)
@@ -108,13 +111,35 @@ class TrainConfig:
     distill: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.distill_steps < 0:
-            raise ValueError(f"distill_steps must be >= 0, got {self.distill_steps}")
+        self._check_values()
         if self.distill_steps and FAMILY_ALIASES.get(self.family, self.family) != NEMOTRON:
             raise ValueError(
                 f"distill_steps: drafter distillation is implemented for {NEMOTRON} only, not {self.family}"
             )
         DistillConfig(**self.distill)  # unknown or invalid options fail here, before any training
+
+    def _check_values(self) -> None:
+        """Refuse values of the wrong type or range before any data is prepared (``--set hidden_size=abc``)."""
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if item.type == "int":
+                floor = 0 if item.name in _MAY_BE_ZERO else 1
+                if isinstance(value, bool) or not isinstance(value, int) or value < floor:
+                    raise ValueError(f"{item.name} must be an integer >= {floor}, got {value!r}")
+            elif item.type == "float":
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                    raise ValueError(f"{item.name} must be a finite number >= 0, got {value!r}")
+            elif item.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"{item.name} must be true or false, got {value!r}")
+            elif item.type.startswith("dict") and not isinstance(value, dict):
+                raise ValueError(f"{item.name} must be a JSON object of options, got {value!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
 
     def hub_fields(self) -> dict[str, Any]:
         """The model-size fields of ``config.json`` (this config's fields of the same names), in bfloat16."""
