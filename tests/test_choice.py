@@ -511,8 +511,19 @@ def test_cost_model_grows_linearly_with_the_context_between_its_two_tables():
     assert "320" in cost.describe()
 
 
+def _as_cached(monkeypatch):
+    """The staleness check finds every table's shape as cached (it times the machine otherwise)."""
+
+    def measured(model, context, rows, rounds):
+        cached = load_cached(model_key(model))
+        return dict(cached.table)[rows] / dict(cached.table)[1]
+
+    monkeypatch.setattr(costs_module, "measure_ratio", measured)
+
+
 def test_calibration_measures_every_row_count_and_is_cached_per_model(models, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
+    _as_cached(monkeypatch)
     model = models[SETDLM]
     quick = costs_module.calibrate
     calls = []
@@ -540,6 +551,7 @@ def test_calibration_measures_every_row_count_and_is_cached_per_model(models, mo
 
 def test_calibrate_command_prints_the_model_and_reuses_its_cache(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
+    _as_cached(monkeypatch)
     folder = tmp_path / "model"
     tiny_model(NEMOTRON, folder, vocab=VOCAB, seed=2, dtype="float32")
     quick = costs_module.calibrate
@@ -550,3 +562,47 @@ def test_calibrate_command_prints_the_model_and_reuses_its_cache(tmp_path, monke
     assert main(["calibrate", "--model", str(folder)]) == 0
     text = capsys.readouterr().out
     assert "source: cache" in text and "ms x rows" in text and first["cache_file"] in text
+
+
+def test_a_cached_table_whose_shape_drifted_is_measured_again(models, monkeypatch, tmp_path):
+    from specframe.costs import STALE_SHAPE, shape_drift
+
+    monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
+    model = models[SETDLM]
+    table = ((1, 0.002), (4, 0.003), (10, 0.004), (16, 0.006))
+    cached = CostModel(0.0018, 0.0002, table, context=16, key=model_key(model), source="calibrated")
+    save(cached)
+    fresh = CostModel(0.001, 0.0001, ((1, 0.001), (10, 0.002)), context=16, key=model_key(model), source="calibrated")
+    calibrations = []
+    monkeypatch.setattr(costs_module, "calibrate", lambda *a, **k: calibrations.append(1) or fresh)
+    measured = []
+
+    def planted(ratios):  # successive checks measure these ratios of a 10-row call to a 1-row call
+        def measure(model, context, rows, rounds):
+            assert (context, rows) == (16, 10)  # the table's context, its widest count up to CHECK_ROWS
+            measured.append(rows)
+            return ratios[len(measured) - 1]
+
+        monkeypatch.setattr(costs_module, "measure_ratio", measure)
+
+    planted([2.0 * 1.05])  # the table says 2.0: within STALE_SHAPE, a uniform slowdown aside
+    assert cost_model_for(model).source == "cache" and not calibrations and len(measured) == 1
+    measured.clear()
+    planted([2.0 * 1.3, 2.0 * 0.98])  # one check off, the second within: the table is kept
+    assert shape_drift(model, cached) == pytest.approx(0.98)
+    measured.clear()
+    planted([2.0 * 1.3, 2.0 * 1.25])  # both off: the wide call got dearer relative to AR calls; measure again
+    assert cost_model_for(model) is fresh and calibrations == [1]
+    assert load_cached(model_key(model)).table == fresh.table  # and the new table is cached
+    assert 1.25 > STALE_SHAPE
+    no_one_row = CostModel(0.001, 0.0, ((4, 0.003), (8, 0.004)), context=16)
+    assert shape_drift(model, no_one_row) is None  # nothing to compare with: kept
+
+
+def test_calibration_pools_a_noisy_sample_instead_of_carrying_it_to_every_wider_count():
+    from specframe.costs import _monotone
+
+    pooled = _monotone([(1, 1.0), (2, 5.0), (4, 2.0), (8, 3.0), (16, 6.0)])
+    assert [r for r, _ in pooled] == [1, 2, 4, 8, 16]
+    assert [t for _, t in pooled] == pytest.approx([1.0, 10 / 3, 10 / 3, 10 / 3, 6.0])
+    assert _monotone([(1, 1.0), (2, 2.0)]) == [(1, 1.0), (2, 2.0)]

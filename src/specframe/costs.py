@@ -6,11 +6,11 @@ the decoder's own work per call (planning, layout, acceptance: ``host_s``). Each
 cached position, so a call costs more late in a long generation. :func:`calibrate` times forwards of a few
 row counts against a cached prefix of :data:`CONTEXT` positions and against one of :data:`LONG_CONTEXT`, in
 interleaved rounds (each round visits the (context, rows) pairs in a shuffled order, so a burst of load from
-other processes hits all of them alike), keeps the lower quartile of each (what the machine does while
-other processes leave it alone: the decoder scales the whole model by the load it observes, see
+other processes hits all of them alike), keeps the fastest of each (what the machine does while other
+processes leave it alone: the decoder scales the whole model by the load it observes, see
 :class:`specframe.choice.stats.CallTimes`, so the table should describe the machine, not the load of the
-moment it was measured), and fits tau and delta by least squares on the short context's quartiles. The
-quartiles form two tables, one per context: :meth:`CostModel.seconds` interpolates in the rows within each
+moment it was measured), and fits tau and delta by least squares on the short context's values. The
+values form two tables, one per context: :meth:`CostModel.seconds` interpolates in the rows within each
 (beyond them it extrapolates with delta) and linearly in the context between them.
 
 Cost models are cached per model identity, device, dtype, thread count, compilation and torch version,
@@ -37,20 +37,34 @@ import torch
 from specframe.errors import ConfigError
 from specframe.models.base import ModelBackend
 
-#: Row counts a calibration times (clipped to what the model's context allows).
-ROW_COUNTS = (1, 2, 4, 8, 16, 32, 64)
+#: Row counts a calibration times (clipped to what the model's context allows): the counts the narrow
+#: candidates use (Packed-SS at W has 2 (W + 1) rows in the bundled family, Quadratic-SS at W = 1 six), so
+#: that their costs are measured, not interpolated between 8 and 16, then a few wider ones.
+ROW_COUNTS = (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 24, 32, 64)
 #: Cached prefix the calibration's rows attend to (the table's context).
 CONTEXT = 64
 #: The longer cached prefix the same row counts are also timed against, to measure the context term gamma
 #: (a typical request's prompt plus a few hundred generated tokens).
 LONG_CONTEXT = 320
-#: Which quantile of each (context, rows) pair's timings the tables keep: the lower quartile. The median
-#: of a calibration taken while other processes run is inflated by their bursts, and unevenly (short calls
-#: lose relatively more to a descheduling than long ones), which flattens the table and favours wide
-#: drafts; the fastest timings describe the machine, and the decoder's observed load scales them.
-QUANTILE = 0.25
+#: Which quantile of each (context, rows) pair's timings the tables keep: the fastest. The median of a
+#: calibration taken while other processes run is inflated by their bursts, and unevenly (short calls lose
+#: relatively more to a descheduling than long ones), which flattens the table and favours wide drafts; so
+#: does a lower quartile, less, with the ten or so rounds that time every narrow row count (a table of
+#: quartiles taken at load 1 put a 10-row call at 1.59x a 1-row call; the fastest of 8 at load 3.6 said
+#: 1.66-1.80x, and the bench measured 1.77x). The fastest timings describe the machine, the decoder's
+#: observed load scales them, and the staleness check (:func:`shape_drift`) compares fastest with fastest.
+QUANTILE = 0.0
 #: Bump when the calibration procedure changes, so that old cache files are not reused.
-VERSION = 2
+VERSION = 3
+#: A cached cost model is measured again when a quick check (:func:`shape_drift`) finds the cost of a call
+#: of :data:`CHECK_ROWS` rows relative to a 1-row call off from the table's by more than this factor either
+#: way: a uniform change (other processes, a slower clock) is the observed load's to absorb, but one that
+#: changes the table's shape changes which width is best.
+STALE_SHAPE = 1.10
+#: The wider call of the staleness check (a Packed-SS call at W = 4 in the bundled family).
+CHECK_ROWS = 10
+#: Interleaved rounds of the staleness check (each one call of 1 row and one of CHECK_ROWS rows).
+CHECK_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -60,8 +74,8 @@ class CostModel:
     Attributes:
         tau: Fitted fixed model seconds per call.
         delta: Fitted model seconds per row.
-        table: ``(rows, seconds)`` (lower quartile) measured by the calibration, by increasing rows (may be empty: then
-            ``tau + delta * rows`` is used everywhere).
+        table: ``(rows, seconds)`` (the fastest of each) measured by the calibration, by increasing rows (may
+            be empty: then ``tau + delta * rows`` is used everywhere).
         host_s: Decoder seconds per call outside the model (planning, layout, acceptance).
         context: Cached positions ``table`` (and tau, delta) were measured with.
         long_table: ``(rows, seconds)`` over ``long_context`` cached positions (may be empty: then the
@@ -244,7 +258,7 @@ def save(cost: CostModel) -> Path | None:
 def calibrate(
     model: ModelBackend,
     *,
-    budget_s: float = 1.5,
+    budget_s: float = 1.8,
     limit_s: float = 2.2,
     rows: Sequence[int] = ROW_COUNTS,
     host_s: Callable[[], float | tuple[float, float]] | None = None,
@@ -311,13 +325,13 @@ def calibrate(
             shuffle.shuffle(order)
             for pair in order:
                 samples[pair].append(timed(pair))
-    medians = {pair: _quantile(values, QUANTILE) for pair, values in samples.items()}
-    table = tuple(_monotone([(r, medians[context, r]) for r in counts]))
+    fastest = {pair: _quantile(values, QUANTILE) for pair, values in samples.items()}
+    table = tuple(_monotone([(r, fastest[context, r]) for r in counts]))
     tau, delta = fit(table)
     long_table: tuple[tuple[int, float], ...] = ()
     if len(contexts) == 2:  # a longer prefix never makes a call cheaper (a dip is noise)
-        longer = [(r, max(medians[long_context, r], s)) for r, s in table]
-        long_table = tuple(_monotone(longer))
+        longer = _monotone([(r, fastest[long_context, r]) for r, _ in table])
+        long_table = tuple((r, max(long, short)) for (r, long), (_, short) in zip(longer, table, strict=True))
     host = host_s() if host_s is not None else 0.0
     host, host_row = host if isinstance(host, tuple) else (host, 0.0)
     return CostModel(
@@ -348,15 +362,76 @@ def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) 
 def cost_model_for(
     model: ModelBackend, *, refresh: bool = False, host_s: Callable[[], float | tuple[float, float]] | None = None
 ) -> CostModel:
-    """The cached cost model of ``model``, calibrating (and caching) it first if there is none."""
+    """The cached cost model of ``model``, calibrating (and caching) it first if there is none or it is stale.
+
+    A cached model is stale when :func:`shape_drift` finds its table's shape off by more than
+    :data:`STALE_SHAPE` (a check of a few tens of milliseconds).
+    """
     key = model_key(model)
     if not refresh:
         cached = load_cached(key)
         if cached is not None:
-            return cached
+            drift = shape_drift(model, cached)
+            if drift is None or 1 / STALE_SHAPE <= drift <= STALE_SHAPE:
+                return cached
     cost = calibrate(model, host_s=host_s)
     save(cost)
     return cost
+
+
+def shape_drift(model: ModelBackend, cost: CostModel) -> float | None:
+    """How far the cost of a wide call relative to a 1-row call now is from ``cost``'s table (1.0: as cached).
+
+    Times :data:`CHECK_ROUNDS` interleaved pairs of forwards, 1 row and the table's largest row count up to
+    :data:`CHECK_ROWS`, against the table's context, and compares the ratio of their fastest with the
+    table's; a ratio outside :data:`STALE_SHAPE` is measured once more, and the one nearer 1 is returned (one
+    check that a burst of load distorted does not throw a good table away). ``None`` when the table cannot
+    be checked (no 1-row entry or no wider one up to CHECK_ROWS, no context).
+    """
+    rows = [r for r, _ in cost.table if 1 < r <= CHECK_ROWS]
+    if not cost.table or cost.table[0][0] != 1 or not rows or cost.context < 1:
+        return None
+    if cost.context + rows[-1] > model.max_positions + 1:
+        return None
+    table = dict(cost.table)
+    expected = table[rows[-1]] / table[1]
+    drift = measure_ratio(model, cost.context, rows[-1], CHECK_ROUNDS) / expected
+    if not 1 / STALE_SHAPE <= drift <= STALE_SHAPE:
+        again = measure_ratio(model, cost.context, rows[-1], CHECK_ROUNDS) / expected
+        drift = min(drift, again, key=lambda d: abs(math.log(d)))
+    return drift
+
+
+def measure_ratio(model: ModelBackend, context: int, rows: int, rounds: int) -> float:
+    """The fastest forward of ``rows`` new rows over the fastest of 1 row, over ``context`` cached positions.
+
+    The fastest, as the calibration keeps: timings cannot be faster than the machine, so a burst of load
+    that falls on one of the two row counts moves the ratio little.
+    """
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(model.vocab_size, (context + rows,), generator=generator)
+    ids = ids.masked_fill(ids == model.mask_token_id, 0).to(model.device)
+    samples: dict[int, list[float]] = {1: [], rows: []}
+    with torch.inference_mode():
+        cache = _prefilled(model, context, ids[:context], rows)
+        inputs = {
+            r: (
+                ids[context : context + r],
+                torch.arange(context, context + r, device=model.device),
+                torch.ones(r, r, dtype=torch.bool, device=model.device).tril(),
+                torch.arange(r, device=model.device),
+            )
+            for r in samples
+        }
+        for round_index in range(rounds + 1):  # the first round warms up
+            for r in samples if round_index % 2 else reversed(list(samples)):
+                _sync(model)
+                start = time.perf_counter()
+                model.forward(cache, *inputs[r])
+                _sync(model)
+                if round_index:
+                    samples[r].append(time.perf_counter() - start)
+    return min(samples[rows]) / min(samples[1])
 
 
 def _quantile(values: Sequence[float], share: float) -> float:
@@ -379,12 +454,21 @@ def _interpolate(table: Sequence[tuple[int, float]], rows: int, tau: float, delt
 
 
 def _monotone(table: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """Medians made non-decreasing in rows (more rows never cost less; dips are timing noise)."""
-    out, highest = [], 0.0
+    """Timings made non-decreasing in rows by pooling adjacent violators (more rows never cost less).
+
+    A dip or a spike is timing noise: pooling averages it with its neighbours, where carrying the highest
+    value so far forward let one slow sample of a narrow count raise every wider count (a loaded calibration
+    put rows 6 to 12 all at the 6-row sample's time).
+    """
+    blocks: list[list] = []  # [sum of seconds, count, rows]
     for rows, seconds in table:
-        highest = max(highest, seconds)
-        out.append((rows, highest))
-    return out
+        blocks.append([seconds, 1, [rows]])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count, pooled = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+            blocks[-1][2] += pooled
+    return [(rows, total / count) for total, count, pooled in blocks for rows in pooled]
 
 
 def _sync(model: ModelBackend) -> None:
