@@ -25,6 +25,7 @@ from decoding_helpers import conditional_logits, tiny_model
 from planted_bugs import OtherGroupsProposalBug, ReferenceRejection, StaleProposalBug
 from sampling_models import NEMOTRON, SETDLM, TableModel, exact_distribution, gof_pvalue, sample_counts
 from specframe import compose
+from specframe.acceptance import hostsample
 from specframe.acceptance.rejection import SamplingWarp
 from specframe.schedules.packed import PackedSchedule
 from specframe.schedules.quadratic import QuadraticSchedule
@@ -42,11 +43,12 @@ WARPS: dict[str, dict[str, Any]] = {
     "t1": {"name": "rejection", "temperature": 1.0},
     "topk": {"name": "rejection", "temperature": 1.0, "top_k": 2},
     "topp": {"name": "rejection", "temperature": 0.8, "top_p": 0.7},
+    "topkp": {"name": "rejection", "temperature": 0.8, "top_k": 3, "top_p": 0.7},
 }
 
 
 def _warp(name: str) -> SamplingWarp:
-    spec = WARPS[name]
+    spec = WARPS[name] if name != "topk3" else {**WARPS["topk"], "top_k": 3}
     return SamplingWarp(spec["temperature"], spec.get("top_k"), spec.get("top_p"))
 
 
@@ -75,7 +77,8 @@ def _pvalue(model, schedule, acceptance, warp: str, *, first_seed: int = 0, widt
 
 # -- the production sampler, every schedule -----------------------------------------------------------------------
 CASES = [(f, s, "t1") for f in FAMILIES for s in ("ar", "linear", "quadratic", "packed", "kbranch")]
-CASES += [(f, "packed", w) for f in FAMILIES for w in ("topk", "topp")]
+CASES += [(f, "packed", w) for f in FAMILIES for w in ("topk", "topp", "topkp")]
+CASES += [(f, s, "topk") for f in FAMILIES for s in ("ar", "linear")]  # top-k on the host: every rule method
 SLOW_CASES = [(f, "quadratic", w) for f in FAMILIES for w in ("topk", "topp")] + [(SETDLM, "kbranch", "topp")]
 
 
@@ -132,6 +135,28 @@ def test_the_suite_rejects_a_planted_bug(models, bug):
 def test_planted_bugs_are_rejected_on_other_random_streams(models, bug, stream):
     family, schedule, rule, warp = BUGS[bug]
     assert _pvalue(models[family], schedule(), rule(), warp, first_seed=100_000 * stream) < FAIL
+
+
+def test_host_and_dense_top_k_paths_mix_exactly(models, monkeypatch):
+    """Calls alternate between the host top-k path and the dense one (as a tie at the k-th logit makes them):
+    proposals drawn by one path are verified by the other, and the output is still AR sampling's."""
+    original = hostsample.top_k_candidates
+    calls = Counter()
+
+    def every_other(*args, **kwargs):
+        calls["all"] += 1
+        return original(*args, **kwargs) if calls["all"] % 2 else None
+
+    monkeypatch.setattr(hostsample, "top_k_candidates", every_other)
+    for family in FAMILIES:
+        assert _pvalue(models[family], "packed", WARPS["topk"], "topk") > PASS
+    assert calls["all"] > 2 * SAMPLES
+
+
+def test_the_suite_rejects_a_bug_planted_in_the_host_top_k_path(models, monkeypatch):
+    """The host path's correction drawn from p instead of the residual max(p - q, 0): rejected."""
+    monkeypatch.setattr(hostsample, "_residual", lambda p, q: p)
+    assert _pvalue(models[NEMOTRON], "packed", {**WARPS["topk"], "top_k": 3}, "topk3") < FAIL
 
 
 # -- the outcome space ----------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
+from specframe.acceptance import hostsample
 from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict, chain_rows, leading_true
 from specframe.acceptance.nucleus import Nucleus
 from specframe.acceptance.select import kth_largest
@@ -92,16 +93,24 @@ class RejectionSampling(AcceptanceRule):
         """Sample one token per row from the warped drafter distribution and store that distribution.
 
         The distributions are stored densely (``[k, V]``): finding the width of a sparse copy would cost a
-        host synchronisation per call.
+        host synchronisation per call. Top-k distributions of CPU logits are sampled on the host and stored
+        as their candidates (:mod:`specframe.acceptance.hostsample`).
         """
+        candidates = self._candidates(logits)
+        if candidates is not None:
+            return hostsample.step((), None, candidates, 0, generator)[0]
         return self._draw(self.warp.probs(logits), generator)
 
     def verify(self, drafts: Sequence[DraftRef], logits: torch.Tensor, generator: torch.Generator | None) -> Verdict:
         """Accept with ``min(1, p/q)``; correct from ``max(p - q, 0)``; bonus from ``p`` after a full accept.
 
         Everything runs on the device over the whole chain at once (one uniform per draft, one categorical
-        draw); the verdict is read when the schedule needs it.
+        draw); the verdict is read when the schedule needs it. Top-k distributions of CPU logits are
+        verified on the host (:mod:`specframe.acceptance.hostsample`).
         """
+        step = self._host_step(drafts, logits, logits.shape[0], generator)
+        if step is not None:
+            return step[1]
         return self._verify(drafts, self.warp.probs(logits), generator)
 
     def propose_and_verify(
@@ -113,6 +122,9 @@ class RejectionSampling(AcceptanceRule):
         """
         if type(self).propose is not RejectionSampling.propose or type(self).verify is not RejectionSampling.verify:
             return super().propose_and_verify(drafts, logits, num_verify, generator)
+        step = self._host_step(drafts, logits, num_verify, generator)
+        if step is not None:
+            return step
         probs = self.warp.probs(logits)
         target = probs[:num_verify] if num_verify < probs.shape[0] else probs
         accepted, dist = self._judge(drafts, target, generator)
@@ -122,6 +134,25 @@ class RejectionSampling(AcceptanceRule):
         # One draw per row for the verifier's token and the new drafts together (independent uniforms).
         tokens = sample_rows(torch.cat([dist, drafter]), generator)
         return self._proposals(drafter, tokens[1:]), self._verdict(accepted, tokens, target)
+
+    def _candidates(self, logits: torch.Tensor) -> hostsample.Candidates | None:
+        """The host candidates of a top-k warp of ``logits``, or ``None`` for the dense path."""
+        warp = self.warp
+        if warp.top_k is None:
+            return None
+        return hostsample.top_k_candidates(logits, warp.top_k, warp.temperature, warp.top_p)
+
+    def _host_step(
+        self, drafts: Sequence[DraftRef], logits: torch.Tensor, num_verify: int, generator: torch.Generator | None
+    ) -> tuple[Proposals | None, Verdict] | None:
+        """:func:`hostsample.step` where both the logits' warp and the chain's proposals allow it, else ``None``."""
+        candidates = self._candidates(logits)
+        if candidates is None:
+            return None
+        chain = hostsample.host_chain(drafts) if drafts else None
+        if drafts and chain is None:
+            return None
+        return hostsample.step(drafts, chain, candidates, num_verify, generator)
 
     @staticmethod
     def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> Proposals:
