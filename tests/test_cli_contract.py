@@ -148,3 +148,21 @@ def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, chec
     assert json.loads(out)["key"]["threads"] == 1 and json.loads(out)["key"]["path"] == "eager"
     code, _, err = _run(capsys, "calibrate", "--model", checkpoints["setdlm"], "--threads", "0")
     assert code == 1 and "threads must be a positive integer" in err
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["generate", "x", "--width", "wide"], "argument --width: expected an integer or 'auto', got 'wide'"),
+        (["generate", "x", "--max-new-tokens", "1e3"], "argument --max-new-tokens: invalid int value: '1e3'"),
+        (["generate", "x", "--widht", "4"], "unrecognized arguments: --widht 4; see `specframe generate --help`"),
+        (["bench", "--limit", "two"], "see `specframe bench --help`"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_a_malformed_command_line_is_one_line_naming_the_help(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        main(args)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert message in err and "usage:" not in err

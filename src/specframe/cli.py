@@ -18,7 +18,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from specframe.errors import ConfigError, InputError, SpecframeError
 
@@ -40,7 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specframe`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # name the subcommand whose options were misspelt, not the top-level command
+        commands = parser.subcommands  # type: ignore[attr-defined]
+        owner = commands.get(getattr(args, "command", None), parser)
+        owner.error(f"unrecognized arguments: {' '.join(unknown)}")
     if not getattr(args, "handler", None):
         parser.print_help(sys.stderr)
         return 2
@@ -71,14 +75,23 @@ def _reader_gone() -> int:
     return 141
 
 
+class CommandLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one ``error:`` line naming the help to read (status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``error: MESSAGE; see `PROG --help``` on standard error and exit with status 2."""
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The argument parser; external subcommands are imported only when named on the command line."""
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="specframe",
         description="Lossless self-speculative decoding.",
         epilog="`specframe COMMAND --help` lists a command's options.",
     )
     sub = parser.add_subparsers(dest="command", metavar="{plugins,generate,bench,train,calibrate}")
+    parser.subcommands = sub.choices  # type: ignore[attr-defined]
     plugins = sub.add_parser("plugins", help="list registered plugins as JSON")
     plugins.add_argument(
         "--failures", action="store_true", help="also print plugins that failed to load (as JSON on stderr)"
