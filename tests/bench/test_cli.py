@@ -138,3 +138,14 @@ def test_a_damaged_records_line_says_how_to_resume(tmp_path):
     path.write_text('{"prompt_index": 0}\n{"prompt_ind\n{"prompt_index": 1}\n', encoding="utf-8")
     with pytest.raises(SpecframeError, match=r"line 2 is not valid JSON.*delete that line to resume"):
         read_records(path)
+
+
+def test_a_missing_bench_extra_is_named_before_anything_runs(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tqdm" else real(name, *a))
+    assert main(["bench", "--schedules", "ar", "--limit", "1", "--out", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert "specframe bench needs tqdm, which is not installed" in err and "pip install 'specframe[bench]'" in err
+    assert not (tmp_path / "run").exists()

@@ -130,6 +130,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``specframe bench`` and ``specframe bench merge``."""
+    require_bench_packages()
     if getattr(args, "bench_command", None) == "merge":
         from specframe.bench.merge import merge_runs
 
@@ -146,6 +147,26 @@ def run(args: argparse.Namespace) -> int:
     print(report)
     print(f"\nwrote {Path(args.out) / 'records.jsonl'}, summary.json and plots", file=sys.stderr)
     return 0
+
+
+BENCH_PACKAGES = ("numpy", "tqdm", "matplotlib")  # the 'bench' extra's packages every run needs
+
+
+def require_bench_packages() -> None:
+    """Fail before the first prompt, not after the last (the plots), when the 'bench' extra is missing.
+
+    Raises:
+        ConfigError: Naming the missing packages and the install command.
+    """
+    import importlib.util
+
+    missing = [name for name in BENCH_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"specframe bench needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
+            "installed; install the bench extra: pip install 'specframe[bench]' (from a checkout: pip install "
+            "-e '.[bench]')"
+        )
 
 
 def _check_widths_apply(args: argparse.Namespace, schedules: list[str]) -> None:
