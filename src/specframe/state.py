@@ -72,6 +72,17 @@ class DecodeState:
         prompt: Prompt token ids (positions ``0 .. n-1``).
         max_new_tokens: Output length limit L; the last output position is ``n + L - 1``.
         ctx: The request's fixed settings.
+
+    Attributes:
+        tokens: Accepted output tokens by position (read them with :meth:`token_at` / :meth:`resolved_token`).
+        drafts: The stored draft token of each position that has one, with the proposal it came from; a
+            schedule replaces them with :meth:`set_drafts`.
+        scores: Confidence of each stored draft (what an order policy reads).
+        verifications: One :class:`Verification` per verification so far, in call order.
+        calls: Model calls made for this request.
+        start: The first output position (the prompt's length n).
+        end: The last output position the length limit allows (``n + L - 1``).
+        width: The width of the call being planned (``ctx.width`` unless a schedule choosing it per call sets it).
     """
 
     prompt: tuple[int, ...]
