@@ -461,3 +461,14 @@ def test_train_refuses_a_work_folder_that_cannot_be_one(capsys, tmp_path):
     for work, message in [(tmp_path / "file", "is an existing file"), (tmp_path / "file" / "sub", "cannot be used")]:
         code, _, err = _cli(capsys, "train", "setdlm", "--work-dir", str(work), "--steps", "1")
         assert code == 1 and f"--work-dir {work} {message}" in err and "internal error" not in err, err
+
+
+def test_integer_weights_are_refused_not_converted(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False)
+    tensors = load_file(folder / "model.safetensors")
+    name = next(n for n in tensors if n.endswith("embed_tokens.weight"))
+    save_file({**tensors, name: tensors[name].to(torch.int32)}, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=f"weight {name} holds torch.int32 values, not floating-point"):
+        load_model(folder)

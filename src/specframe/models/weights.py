@@ -287,12 +287,19 @@ def load_state(
     """Fill ``module`` (built on the meta device) with the checkpoint's tensors on ``device`` in ``dtype``.
 
     Raises:
-        CheckpointError: If names or shapes do not match, or a tensor cannot be read.
+        CheckpointError: If names or shapes do not match, a tensor cannot be read, or a weight is not
+            floating point (integer weights would be converted into nonsense).
     """
     mapping = match_names(module, source, layout, where=where)
     state = {}
     for target, checkpoint_name in mapping.items():
-        state[target] = source.load(checkpoint_name).to(device=device, dtype=dtype)
+        tensor = source.load(checkpoint_name)
+        if not tensor.is_floating_point():
+            raise CheckpointError(
+                f"{where}: weight {checkpoint_name} holds {tensor.dtype} values, not floating-point ones; quantized "
+                "or damaged checkpoints are not supported: use the published bfloat16/float16/float32 weights"
+            )
+        state[target] = tensor.to(device=device, dtype=dtype)
     module.load_state_dict(state, strict=True, assign=True)
     freeze(module.parameters())
 
