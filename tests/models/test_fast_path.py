@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from specframe.models import load_model
+from specframe.models.compiled import GRAPH
 from specframe.models.kernels import PACK_MIN_ELEMENTS, PACKED_MIN_ROWS, Projection, onednn_available
 
 ROWS = 9
@@ -142,7 +143,7 @@ def test_compiled_graphs_use_the_prepacked_kernels_in_bfloat16(setdlm_dir, compi
     _compiled(model)
     graphs = _two_calls(model)[1]
     assert model.compiled.graph_calls == 1
-    step = model.compiled.graphs["many"].args[0]  # the GraphStep the graph was traced from
+    step = model.compiled.graphs[GRAPH].args[0]  # the GraphStep the graph was traced from
     assert all(set(layer.packed) == {"qkv", "o", "gate_up", "down"} for layer in step.layers)
     # bfloat16 rounds differently in the two attention formulations: as close to float64 as the eager path
     assert (graphs - exact).abs().max() <= 2 * (eager - exact).abs().max()

@@ -1,7 +1,7 @@
-"""The compiled path: steady-state model calls as ``torch.compile`` graphs over a fixed-capacity cache.
+"""The compiled path: steady-state model calls as one ``torch.compile`` graph over a fixed-capacity cache.
 
-A schedule's steady-state calls repeat a few shapes (AR: 1 row; Packed-SS on Nemotron: ``2(W+1)`` rows), so
-a couple of graphs serve all of them:
+A schedule's steady-state calls repeat a few shapes (AR: 1 row; Packed-SS on Nemotron: ``2(W+1)`` rows), and
+``width: auto`` switches widths from call to call, so one graph serves all of them:
 
 * the KV cache has a fixed capacity, rounded up to :data:`CAPACITY_STEP` rows so that buffers are reused
   across requests, and zero-filled so that rows not yet written hold no NaN;
@@ -10,22 +10,22 @@ a couple of graphs serve all of them:
   the call's own ``[R, R]`` mask. The new rows' keys and values are graph outputs, written into the cache
   after the call; the softmax spans the cached and the new scores, so nothing is sliced or concatenated
   at the capacity's size;
-* two graphs per model at most: one for 1-row calls (AR, the last calls of a request) and one for calls of
-  2 or more rows, whose row count is symbolic. The capacity is symbolic in both. Every width and schedule
-  therefore shares the second graph, and a longer request does not compile again (each graph costs tens
-  of seconds of C++ compilation on a small CPU; up to 4 graphs fixed per row count and capacity,
-  the previous design, took minutes on a 156M-parameter model);
+* one graph per model: the row count and the capacity are symbolic, traced with size-oblivious shapes
+  (:func:`_any_row_count`) so that the graph holds for 1 row as for 34 -- torch would otherwise specialise
+  a graph on a size of 1. Every width and schedule therefore shares it, and a longer request does not
+  compile again. Measured on the bundled model (2-core Xeon): the symbolic graph is as fast as a graph
+  fixed to one row count at 1, 2, 5, 10 and 18 rows, and compiling it takes about half the time of the
+  previous design's two graphs (one fixed to 1 row, one for the rest);
 * matrix products use the eager path's kernels (:mod:`specframe.models.kernels`): inductor's own ``mm``
   where the eager path uses ``F.linear``, and the ``specframe::project`` operator, which picks the kernel
   by row count at run time, for matrices with a prepacked oneDNN copy. A graph cannot take the opaque
   prepacked tensor as an input, and inductor's freezing, which would prepack by itself, disables its
   disk cache;
-* the model knows no schedule: it learns which graphs it needs by counting. A graph is compiled once calls
-  of its kind have occurred :data:`COMPILE_AFTER` times; the prompt's first call (an empty cache) runs the
-  eager path.
+* the model knows no schedule: the graph is compiled once :data:`COMPILE_AFTER` calls over a non-empty
+  cache have occurred; the prompt's first call (an empty cache) runs the eager path.
 
 Compilation uses inductor (a C++ compiler on the CPU) and its on-disk caches, so a second process reuses
-the generated code and only re-traces. On CUDA the graphs are also captured as CUDA graphs
+the generated code and only re-traces. On CUDA the graph is also captured as CUDA graphs
 (``mode="reduce-overhead"``, one per row count), with the weights and the cache buffers marked as static
 addresses and reused across requests.
 """
@@ -40,8 +40,7 @@ import shutil
 import time
 import types
 import weakref
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -57,17 +56,11 @@ _LEAN_CODE = True  # False: inductor's default run-time checks in the generated 
 CAPACITY_STEP = 256
 """KV-cache capacities are rounded up to a multiple of this many rows."""
 
-CPP_WRAPPER_MAX_BYTES = 64 * 2**20
-"""Models with at most this many bytes of weights get a C++ wrapper for their 1-row graph on the CPU.
-
-Measured on the bundled model (16 MiB): the C++ wrapper made 1-row calls 10-15 % faster (the Python code
-that calls a graph's ~50 kernels costs a few hundred microseconds) but compiling both graphs took 60 s
-instead of 40 s; on a model whose 1-row call takes tens of milliseconds the gain is below 1 %. Graphs
-calling specframe's own operator (prepacked matrices) keep the Python wrapper.
-"""
-
 COMPILE_AFTER = 3
-"""Calls of a kind (1 row, or more) before its graph is compiled."""
+"""Calls over a non-empty cache before the graph is compiled."""
+
+GRAPH = "calls"
+"""The key of the model's one graph in :attr:`CompiledPath.graphs`."""
 
 
 def compiler_problem(device: torch.device) -> str | None:
@@ -87,19 +80,22 @@ def compiler_problem(device: torch.device) -> str | None:
 
 
 class CompiledPath:
-    """Static-shape compiled calls on top of a :class:`~specframe.models.fast.FastForward` (see module docstring).
+    """Compiled calls over a fixed-capacity cache on top of a :class:`~specframe.models.fast.FastForward`.
+
+    See the module docstring.
 
     Args:
-        fast: The eager forward whose weights and tables the graphs use.
+        fast: The eager forward whose weights and tables the graph uses.
         backend: The ``torch.compile`` backend (``"inductor"``; tests of the graph logic alone may use
-            ``"aot_eager"``, which traces the same graphs but runs them without generating code).
+            ``"aot_eager"``, which traces the same graph but runs it without generating code).
 
     Raises:
         ConfigError: If ``torch.compile`` cannot run on the model's device.
 
     Attributes:
+        graphs: The compiled graph under :data:`GRAPH` once it exists (empty before).
         compile_seconds: Time spent compiling (tracing plus code generation, or loading it from disk).
-        graph_calls: Calls answered by a compiled graph.
+        graph_calls: Calls answered by the compiled graph.
         eager_calls: Calls that ran the eager path instead.
     """
 
@@ -110,14 +106,14 @@ class CompiledPath:
         self.fast = fast
         self.backend = backend
         self.cuda = fast.device.type == "cuda"
-        self.seen: Counter[str] = Counter()
+        self.seen = 0
         self.graphs: dict[str, Callable] = {}
         self.compile_seconds = 0.0
         self.graph_calls = 0
         self.eager_calls = 0
         self._pool: dict[int, tuple[torch.Tensor, torch.Tensor, weakref.ref | None]] = {}
-        self._warm: set[str] = set()
-        self._cpp_wrapper: set[str] = set()  # graphs whose kernels are called from C++
+        self._code: types.CodeType | None = None  # the code object the graph is compiled for
+        self._warm = False  # whether the graph has been traced
         self._length = torch.zeros((), dtype=torch.int64, device=fast.device)  # the cache length, as graph input
 
     # -- caches --------------------------------------------------------------------------------------------
@@ -142,25 +138,33 @@ class CompiledPath:
         return cache
 
     # -- calls ---------------------------------------------------------------------------------------------
-    def _graph_for(self, rows: int) -> tuple[str, Callable] | None:
-        """The compiled graph for ``rows`` rows (``"one"`` or ``"many"``), compiling it if due."""
-        kind = "one" if rows == 1 else "many"
-        graph = self.graphs.get(kind)
+    def compiled_graphs(self) -> int:
+        """How many graphs torch has compiled for this model (1 once compiled: every row count shares it).
+
+        Read from dynamo's cache of the graph's code object, so a recompilation (a guard on a shape that
+        should have stayed symbolic) shows here.
+        """
+        if self._code is None:
+            return 0
+        return len(torch._dynamo.eval_frame._debug_get_cache_entry_list(self._code))
+
+    def _graph(self) -> Callable | None:
+        """The compiled graph, creating it once it is due (it compiles on its first call)."""
+        graph = self.graphs.get(GRAPH)
         if graph is not None:
-            return kind, graph
-        self.seen[kind] += 1
-        if self.seen[kind] < COMPILE_AFTER:
+            return graph
+        self.seen += 1
+        if self.seen < COMPILE_AFTER:
             return None
-        inductor = self.backend == "inductor"
-        mode = "reduce-overhead" if self.cuda and inductor else None
-        step = GraphStep(self.fast, 1 if kind == "one" else None).eval()
-        if kind == "one" and not self.cuda and not step.uses_operators() and _bytes(self.fast) <= CPP_WRAPPER_MAX_BYTES:
-            self._cpp_wrapper.add(kind)
+        mode = "reduce-overhead" if self.cuda and self.backend == "inductor" else None
+        step = GraphStep(self.fast).eval()
         if self.cuda:
             _mark_static(step)
-        compiled = torch.compile(_fresh_call(), backend=self.backend, dynamic=False, fullgraph=True, mode=mode)
-        self.graphs[kind] = functools.partial(compiled, step)
-        return kind, self.graphs[kind]
+        call = _fresh_call()
+        self._code = call.__code__
+        compiled = torch.compile(call, backend=self.backend, dynamic=False, fullgraph=True, mode=mode)
+        self.graphs[GRAPH] = functools.partial(compiled, step)
+        return self.graphs[GRAPH]
 
     def hidden(
         self,
@@ -175,47 +179,35 @@ class CompiledPath:
         fast = self.fast
         if fast.stale():
             fast.refresh()
-            self.graphs.clear()  # graphs hold the weights they were traced with
-            self._warm.clear()
-            self._cpp_wrapper.clear()
+            self.graphs.clear()  # the graph holds the weights it was traced with
+            self._warm = False
         rows = input_ids.shape[0]
-        found = None
+        graph = None
         if cache.length > 0 and cache.length + rows <= cache.capacity:
-            found = self._graph_for(rows)
-        if found is None:
+            graph = self._graph()
+        if graph is None:
             self.eager_calls += 1
             return fast.hidden(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
-        kind, graph = found
         if adapter_rows is None and fast.has_lora:
             adapter_rows = torch.zeros(rows, dtype=torch.bool, device=fast.device)
         length = self._length.fill_(cache.length)
-        first = kind not in self._warm
-        if first:  # the graph is traced from these inputs: mark the sizes it must not specialise on
-            dynamic = [(cache.keys, 1), (cache.values, 1)]
-            if kind == "many":
-                dynamic += [(t, 0) for t in (input_ids, position_ids, attention, adapter_rows) if t is not None]
-                dynamic.append((attention, 1))
-            for tensor, dim in dynamic:
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
-        started = time.perf_counter()
+        input_ids, position_ids, attention = _own(input_ids), _own(position_ids), _own(attention)
+        adapter_rows = None if adapter_rows is None else _own(adapter_rows)
         inputs = (input_ids, position_ids, attention, length, cache.keys, cache.values, adapter_rows)
-        with _compiling(self.backend, kind in self._cpp_wrapper) if first else contextlib.nullcontext():
-            hidden, keys, values = graph(*inputs)
-        if first:  # the first call of a graph compiles it (or loads it from inductor's cache)
+        if not self._warm:  # trace and compile the graph (or load it from inductor's disk cache)
+            started = time.perf_counter()
+            traced = inputs if rows > 1 else _two_rows(inputs)
+            with _any_row_count(traced), _compiling(self.backend):
+                graph(*traced)
             self.compile_seconds += time.perf_counter() - started
-            self._warm.add(kind)
+            self._warm = True
+        hidden, keys, values = graph(*inputs)
         cache.reserve(rows)
         cache.keys[:, cache.length : cache.length + rows] = keys
         cache.values[:, cache.length : cache.length + rows] = values
         self.graph_calls += 1
         hidden = hidden if output_rows is None else hidden.index_select(0, output_rows)
         return hidden.clone() if self.cuda else hidden  # CUDA graph outputs are overwritten by the next replay
-
-
-def _bytes(fast: FastForward) -> int:
-    """Bytes of the matrices a call streams."""
-    matrices = [fast.head.weight] + [p.weight for x in fast.layers for p in (x.qkv, x.o, x.gate_up, x.down)]
-    return sum(m.numel() * m.element_size() for m in matrices)
 
 
 def _mark_static(weights: nn.Module) -> None:
@@ -228,19 +220,48 @@ def _mark_static(weights: nn.Module) -> None:
         torch._dynamo.mark_static_address(tensor)
 
 
-def _compiling(backend: str, cpp_wrapper: bool) -> contextlib.AbstractContextManager:
-    """Inductor's settings while it compiles a graph (on the graph's first call).
+@contextlib.contextmanager
+def _any_row_count(inputs: tuple[torch.Tensor | None, ...]) -> Iterator[None]:
+    """While the graph is traced: its row count and cache capacity symbolic, including a row count of 1.
+
+    The inputs are ``(ids, positions, attention, length, keys, values, adapter rows)``. Their row and
+    capacity dimensions are marked dynamic, and shapes are reasoned about size-obliviously (torch's
+    ``backed_size_oblivious``): without it a dimension of size 1 is specialised, and one traced with more
+    rows guards on not being 1, which would split the model's calls over two graphs.
+    """
+    ids, positions, attention, _, keys, values, adapter_rows = inputs
+    marks = [(keys, 1), (values, 1), (ids, 0), (positions, 0), (attention, 0), (attention, 1)]
+    if adapter_rows is not None:
+        marks.append((adapter_rows, 0))
+    for tensor, dim in marks:
+        torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        yield
+
+
+def _two_rows(inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
+    """A 1-row call's inputs with a second row that sees only itself, to trace the graph from.
+
+    Traced from a single row, torch would specialise the graph on that size even with size-oblivious
+    shapes; a graph traced from two rows serves one row too. The traced call's results are dropped.
+    """
+    ids, positions, attention, length, keys, values, adapter_rows = inputs
+    blocked = torch.zeros(1, 1, dtype=torch.bool, device=attention.device)
+    seen = torch.cat([torch.cat([attention, blocked], 1), torch.cat([blocked, ~blocked], 1)])
+    adapter = None if adapter_rows is None else adapter_rows.repeat(2)
+    return ids.repeat(2), positions.repeat(2), seen, length, keys, values, adapter
+
+
+def _compiling(backend: str) -> contextlib.AbstractContextManager:
+    """Inductor's settings while it compiles the graph (on its first call).
 
     No shape, stride and alignment checks of every input on every call in the generated code (35 checks
     per call of the bundled model's graph; 1-row calls 7-9 % faster without them): the inputs' layouts are
-    fixed by construction (the cache buffers, the call's ids, positions and mask). With ``cpp_wrapper``,
-    the code that calls the graph's kernels is C++ instead of Python (see :data:`CPP_WRAPPER_MAX_BYTES`).
+    fixed by construction (the cache buffers, the call's ids, positions and mask).
     """
     if backend != "inductor" or not _LEAN_CODE:
         return contextlib.nullcontext()
-    return torch._inductor.config.patch(
-        size_asserts=False, alignment_asserts=False, scalar_asserts=False, cpp_wrapper=cpp_wrapper
-    )
+    return torch._inductor.config.patch(size_asserts=False, alignment_asserts=False, scalar_asserts=False)
 
 
 def _call(step: GraphStep, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -257,18 +278,35 @@ def _fresh_call() -> Callable:
     return types.FunctionType(_call.__code__.replace(), _call.__globals__, _call.__name__, _call.__defaults__)
 
 
+def _own(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a copy of it when it is a view into a larger buffer (as the decoder's layout templates are).
+
+    The graph's inputs then always start at offset 0 in contiguous storage: an input with symbolic sizes has
+    a symbolic storage offset too, which torch specialises on being 0, 1 or neither, and a view at another
+    offset would recompile the graph.
+    """
+    if x.storage_offset() == 0 and x.is_contiguous():
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy, made whatever ``x``'s layout (``contiguous()`` would ask whether one is needed)."""
+    return x.clone(memory_format=torch.contiguous_format)
+
+
 class _LayerWeights(nn.Module):
     """One decoder layer's tensors as (non-persistent) buffers: views of the network's, nothing copied."""
 
-    def __init__(self, layer: _Layer, rows: int | None) -> None:
+    def __init__(self, layer: _Layer) -> None:
         super().__init__()
         lora = layer.lora
-        # matrices with a prepacked copy, for a graph that may use it (rows None: any count from 2), are
-        # multiplied by their Projection, which picks the kernel by row count as on the eager path
+        # matrices with a prepacked copy are multiplied by their Projection, which picks the kernel by row
+        # count at run time as on the eager path
         self.packed = {
             name: (p.key, p.weight.shape[0])
             for name, p in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down))
-            if p.key is not None and _PACKED_IN_GRAPHS and (rows is None or rows >= p.min_rows)
+            if p.key is not None and _PACKED_IN_GRAPHS
         }
         tensors = {
             "input_norm": layer.input_norm,
@@ -304,7 +342,7 @@ class GraphStep(nn.Module):
         fast: The eager forward whose weights and tables to use.
     """
 
-    def __init__(self, fast: FastForward, rows: int | None = None) -> None:
+    def __init__(self, fast: FastForward) -> None:
         super().__init__()
         self.tables = fast.tables
         self.heads, self.kv_heads, self.head_dim = fast.heads, fast.kv_heads, fast.head_dim
@@ -314,7 +352,7 @@ class GraphStep(nn.Module):
         for name in ("cos", "sin", "scale"):
             table = getattr(fast.tables, name)
             self.register_buffer(name, None if table is None else table, persistent=False)
-        self.layers = nn.ModuleList(_LayerWeights(layer, rows) for layer in fast.layers)
+        self.layers = nn.ModuleList(_LayerWeights(layer) for layer in fast.layers)
 
     def uses_operators(self) -> bool:
         """Whether the graph calls specframe's ``project`` operator (matrices with a prepacked copy)."""
@@ -378,24 +416,26 @@ class GraphStep(nn.Module):
         h, kv, d = self.heads, self.kv_heads, self.head_dim
         rows, capacity = x.shape[0], cached_keys.shape[0]
         group, half = h // kv, d // 2
-        qkv = layer.project(self._norm(x, layer.input_norm), "qkv")
-        qk = qkv[:, : (h + kv) * d].view(rows, h + kv, d)
+        qkv = layer.project(self._norm(x, layer.input_norm), "qkv").view(rows, h + 2 * kv, d)
+        qk = qkv[:, : h + kv]
         if layer.qk_norm is not None:
             qk = self._norm(qk, layer.qk_norm)
         qk = qk * cos + torch.cat([qk[..., half:], qk[..., :half]], dim=-1) * sin
         q, k = qk[:, :h], qk[:, h:]
         if scale is not None:
             q = q * scale[:, None, None]
-        v = qkv[:, (h + kv) * d :].view(rows, kv, d)
-        grouped = q.reshape(rows, kv, group, d).permute(1, 2, 0, 3).reshape(kv, group * rows, d) * d**-0.5
+        v = qkv[:, h + kv :]
+        # explicit copies and bmm rather than reshape and @: their view / broadcast decisions would guard on
+        # the row count being 1 and split the graph in two (see _any_row_count)
+        grouped = _copy(q.transpose(0, 1)).view(kv, group * rows, d) * d**-0.5  # heads h = kv x group
         cached_k = cached_keys.transpose(0, 1)  # [kv, capacity, d]
         cached_v = cached_values.transpose(0, 1)
         scores = torch.cat(
-            [grouped @ cached_k.transpose(1, 2), grouped @ k.permute(1, 2, 0)], dim=-1
+            [torch.bmm(grouped, cached_k.transpose(1, 2)), torch.bmm(grouped, k.permute(1, 2, 0))], dim=-1
         )  # [kv, group * rows, capacity + rows]
         weights = torch.softmax((scores + mask).to(torch.float32 if self.wide else self.dtype), dim=-1).to(self.dtype)
-        out = weights[..., :capacity] @ cached_v + weights[..., capacity:] @ v.transpose(0, 1)
-        out = out.reshape(kv, group, rows, d).permute(2, 0, 1, 3).reshape(rows, h * d)
+        out = torch.bmm(weights[..., :capacity], cached_v) + torch.bmm(weights[..., capacity:], v.transpose(0, 1))
+        out = _copy(out.view(kv, group, rows, d).permute(2, 0, 1, 3)).view(rows, h * d)
         projected = layer.project(out, "o")
         if layer.lora_a is not None and adapter_rows is not None:
             update = F.linear(F.linear(out, layer.lora_a), layer.lora_b) * layer.lora_scale
