@@ -7,7 +7,6 @@ evaluates them.
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -15,6 +14,7 @@ import torch
 
 from specframe.errors import InputError
 from specframe.models.cache import KVCache
+from specframe.models.calls import ModelCall
 
 
 class TextTokenizer(Protocol):
@@ -34,10 +34,11 @@ class TextTokenizer(Protocol):
         ...
 
 
-class ModelBackend(ABC):
+class ModelBackend:
     """A loaded model of one family, ready to evaluate calls.
 
-    Subclasses set the attributes below in their constructor.
+    Subclasses set the attributes below in their constructor and implement :meth:`forward` (or
+    :meth:`evaluate`, which receives the same arguments as one record).
 
     Attributes:
         family: Family name, e.g. ``"nemotron-labs-diffusion"``; selects the mask builder.
@@ -70,7 +71,6 @@ class ModelBackend(ABC):
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
 
-    @abstractmethod
     def forward(
         self,
         cache: KVCache,
@@ -81,6 +81,9 @@ class ModelBackend(ABC):
         adapter_rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Evaluate new rows against the cache and stage their keys and values in it.
+
+        A backend implements either this method or :meth:`evaluate`, which receives the arguments as one
+        :class:`~specframe.models.calls.ModelCall` (this method packs them and calls it).
 
         Args:
             cache: The request's cache; the new rows' keys/values are staged in it (see :class:`KVCache`).
@@ -93,6 +96,15 @@ class ModelBackend(ABC):
         Returns:
             ``[K, vocab_size]`` logits.
         """
+        return self.evaluate(ModelCall(cache, input_ids, position_ids, attention, output_rows, adapter_rows))
+
+    def evaluate(self, call: ModelCall) -> torch.Tensor:
+        """:meth:`forward` with its arguments as one record; override this or :meth:`forward`.
+
+        Raises:
+            NotImplementedError: If the backend overrides neither.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement forward() or evaluate()")
 
     def new_cache(self, capacity: int) -> KVCache:
         """An empty cache with room for ``capacity`` rows on this model's device and dtype."""

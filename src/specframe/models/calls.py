@@ -1,14 +1,43 @@
-"""Validating the inputs of one model call before it runs, with messages that name the problem."""
+"""One model call's inputs as a record, and validating them before the call runs (messages name the problem)."""
 
 from __future__ import annotations
 
 from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from specframe.errors import InputError
-from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
+
+if TYPE_CHECKING:
+    from specframe.models.base import ModelBackend
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """The arguments of :meth:`ModelBackend.forward <specframe.models.base.ModelBackend.forward>`, as one record.
+
+    :meth:`~specframe.models.base.ModelBackend.forward` packs them and hands the record to
+    :meth:`~specframe.models.base.ModelBackend.evaluate`; each forward path takes it whole.
+
+    Attributes:
+        cache: The request's cache; the new rows' keys/values are staged in it.
+        input_ids: ``[R]`` token ids.
+        position_ids: ``[R]`` position ids.
+        attention: ``[R, R]`` boolean mask among new rows (every row also sees every cached row).
+        output_rows: ``[K]`` rows to return logits for; all rows when ``None``.
+        adapter_rows: ``[R]`` boolean rows that get the proposal-only adapter, if one is loaded.
+    """
+
+    cache: KVCache
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention: torch.Tensor
+    output_rows: torch.Tensor | None = None
+    adapter_rows: torch.Tensor | None = None
+
 
 _CALLER_CHECKED: ContextVar[bool] = ContextVar("specframe_caller_checked", default=False)
 
@@ -36,18 +65,8 @@ class caller_checked:  # noqa: N801 - used like a function: ``with caller_checke
         _CALLER_CHECKED.reset(self.token)
 
 
-def check_call(
-    model: ModelBackend,
-    cache: KVCache,
-    ids: torch.Tensor,
-    positions: torch.Tensor,
-    attention: torch.Tensor,
-    output_rows: torch.Tensor | None,
-    adapter: torch.Tensor | None,
-    *,
-    values: bool = True,
-) -> None:
-    """Check the arguments of :meth:`ModelBackend.forward` (see there, in its order) before the call runs.
+def check_call(model: ModelBackend, call: ModelCall, *, values: bool = True) -> None:
+    """Check a call's arguments (see :meth:`ModelBackend.forward`) before it runs.
 
     Shapes, dtypes and devices are checked without a host sync; with ``values``, the ids too (one host sync),
     unless the caller checked them (:func:`caller_checked`).
@@ -55,6 +74,8 @@ def check_call(
     Raises:
         InputError: Naming every problem found.
     """
+    cache, ids, positions, attention = call.cache, call.input_ids, call.position_ids, call.attention
+    output_rows, adapter = call.output_rows, call.adapter_rows
     rows = ids.shape[0] if ids.dim() == 1 else -1
     problems = []
     if rows < 1:

@@ -48,6 +48,7 @@ from torch import nn
 
 from specframe.errors import ConfigError
 from specframe.models.cache import KVCache
+from specframe.models.calls import ModelCall
 from specframe.models.fast import FastForward, _Layer
 
 _PACKED_IN_GRAPHS = True  # False: inductor's mm everywhere (for comparisons)
@@ -166,32 +167,25 @@ class CompiledPath:
         self.graphs[GRAPH] = functools.partial(compiled, step)
         return self.graphs[GRAPH]
 
-    def hidden(
-        self,
-        cache: KVCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention: torch.Tensor,
-        output_rows: torch.Tensor | None,
-        adapter_rows: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Final normalised hidden states of ``output_rows``; the new rows' keys and values are staged."""
-        fast = self.fast
+    def hidden(self, call: ModelCall) -> torch.Tensor:
+        """Final normalised hidden states of the call's output rows; the new rows' keys and values are staged."""
+        fast, cache = self.fast, call.cache
         if fast.stale():
             fast.refresh()
             self.graphs.clear()  # the graph holds the weights it was traced with
             self._warm = False
-        rows = input_ids.shape[0]
+        rows = call.input_ids.shape[0]
         graph = None
         if cache.length > 0 and cache.length + rows <= cache.capacity:
             graph = self._graph()
         if graph is None:
             self.eager_calls += 1
-            return fast.hidden(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
+            return fast.hidden(call)
+        adapter_rows = call.adapter_rows
         if adapter_rows is None and fast.has_lora:
             adapter_rows = torch.zeros(rows, dtype=torch.bool, device=fast.device)
         length = self._length.fill_(cache.length)
-        input_ids, position_ids, attention = _own(input_ids), _own(position_ids), _own(attention)
+        input_ids, position_ids, attention = _own(call.input_ids), _own(call.position_ids), _own(call.attention)
         adapter_rows = None if adapter_rows is None else _own(adapter_rows)
         inputs = (input_ids, position_ids, attention, length, cache.keys, cache.values, adapter_rows)
         if not self._warm:  # trace and compile the graph (or load it from inductor's disk cache)
@@ -206,7 +200,7 @@ class CompiledPath:
         cache.keys[:, cache.length : cache.length + rows] = keys
         cache.values[:, cache.length : cache.length + rows] = values
         self.graph_calls += 1
-        hidden = hidden if output_rows is None else hidden.index_select(0, output_rows)
+        hidden = hidden if call.output_rows is None else hidden.index_select(0, call.output_rows)
         return hidden.clone() if self.cuda else hidden  # CUDA graph outputs are overwritten by the next replay
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specframe.models.cache import KVCache
+from specframe.models.calls import ModelCall
 from specframe.models.kernels import Projection, prepack_allowed
 from specframe.models.layers import RotaryEmbedding, llama4_query_scale
 
@@ -197,18 +197,12 @@ class FastForward:
         wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True).add_(self.eps))
         return weight * (wide.to(x.dtype) if self.wide else wide)
 
-    def hidden(
-        self,
-        cache: KVCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention: torch.Tensor,
-        output_rows: torch.Tensor | None,
-        adapter_rows: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Final normalised hidden states of ``output_rows``; stages the rows' keys and values in ``cache``."""
+    def hidden(self, call: ModelCall) -> torch.Tensor:
+        """Final normalised hidden states of the call's output rows; stages the rows' keys and values."""
         if self.stale():
             self.refresh()
+        cache, input_ids, position_ids, attention = call.cache, call.input_ids, call.position_ids, call.attention
+        adapter_rows = call.adapter_rows
         rows = input_ids.shape[0]
         cache.reserve(rows)
         start = cache.length
@@ -246,8 +240,8 @@ class FastForward:
             gate_up = layer.gate_up(self._norm(x, layer.post_norm))
             inner = gate_up.shape[1] // 2
             x = x + layer.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
-        if output_rows is not None:
-            x = x.index_select(0, output_rows)
+        if call.output_rows is not None:
+            x = x.index_select(0, call.output_rows)
         return self._norm(x, self.final_norm)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from torch import nn
 
 from specframe.models.base import ModelBackend, TextTokenizer
 from specframe.models.cache import KVCache
-from specframe.models.calls import check_call
+from specframe.models.calls import ModelCall, check_call
 from specframe.models.compiled import CompiledPath
 from specframe.models.config_json import DecoderDims
 from specframe.models.fast import FastForward, fuse_projections
@@ -223,47 +223,29 @@ class DecoderBackend(ModelBackend):
         return cls(network, special, tokenizer, ckpt)
 
     @torch.no_grad()
-    def forward(
-        self,
-        cache: KVCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention: torch.Tensor,
-        output_rows: torch.Tensor | None = None,
-        adapter_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Evaluate new rows against the cache and stage their keys and values in it.
+    def evaluate(self, call: ModelCall) -> torch.Tensor:
+        """Evaluate a call (see :meth:`ModelBackend.forward`) on the model's :attr:`path`.
 
-        See :meth:`ModelBackend.forward`. Logits are returned in float32 for half-precision models and in
-        the model's dtype otherwise.
+        Logits are returned in float32 for half-precision models and in the model's dtype otherwise.
 
         Raises:
             InputError: If shapes disagree, a token id is outside the vocabulary, a position id is beyond
                 the model's context, or the cache does not belong to this model.
         """
-        check_call(self, cache, input_ids, position_ids, attention, output_rows, adapter_rows, values=self.check_inputs)
+        check_call(self, call, values=self.check_inputs)
         if self.path == "reference":
-            logits = self._reference_forward(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
+            logits = self._reference_forward(call)
         elif self.path == "compiled" and self.compiled is not None:
-            hidden = self.compiled.hidden(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
-            logits = self.fast.logits(hidden)
+            logits = self.fast.logits(self.compiled.hidden(call))
         else:
-            hidden = self.fast.hidden(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
-            logits = self.fast.logits(hidden)
+            logits = self.fast.logits(self.fast.hidden(call))
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         return self.finish_logits(logits)
 
-    def _reference_forward(
-        self,
-        cache: KVCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention: torch.Tensor,
-        output_rows: torch.Tensor | None,
-        adapter_rows: torch.Tensor | None,
-    ) -> torch.Tensor:
-        rows = input_ids.shape[0]
+    def _reference_forward(self, call: ModelCall) -> torch.Tensor:
+        cache, position_ids, attention = call.cache, call.position_ids, call.attention
+        rows = call.input_ids.shape[0]
         cache.reserve(rows)
         cos, sin = self.rotary(position_ids)
         cached = torch.ones(rows, cache.length, dtype=torch.bool, device=attention.device)
@@ -273,9 +255,9 @@ class DecoderBackend(ModelBackend):
             sin=sin,
             mask=torch.cat([cached, attention], dim=1),
             query_scale=self._query_scale(position_ids),
-            adapter_rows=adapter_rows if self.has_adapter else None,
+            adapter_rows=call.adapter_rows if self.has_adapter else None,
         )
-        return self.network.logits(self.network.body(input_ids, ctx, output_rows))
+        return self.network.logits(self.network.body(call.input_ids, ctx, call.output_rows))
 
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Family-specific adjustment of returned logits (identity by default)."""
