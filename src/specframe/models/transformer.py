@@ -139,7 +139,8 @@ class DecoderBackend(ModelBackend):
         num_parameters: Parameters of the network (for the thread policy of :mod:`specframe.models.threads`).
         threads: Thread count chosen for this model when a decoder was composed on it (``None`` before).
         path: ``"eager"`` (the default: the flat forward of :mod:`specframe.models.fast`), ``"compiled"``
-            (static-shape graphs, :mod:`specframe.models.compiled`; set by :meth:`enable_compiled`) or
+            (one graph for every row count over a fixed-capacity cache, :mod:`specframe.models.compiled`;
+            set by :meth:`enable_compiled`) or
             ``"reference"`` (the network's own modules, one op per checkpoint tensor; kept for comparison).
     """
 
@@ -178,7 +179,7 @@ class DecoderBackend(ModelBackend):
         self.compiled: CompiledPath | None = None
 
     def enable_compiled(self, backend: str = "inductor") -> None:
-        """Run steady-state calls as compiled static-shape graphs from now on (see :mod:`specframe.models.compiled`).
+        """Run steady-state calls as one compiled graph from now on (see :mod:`specframe.models.compiled`).
 
         Args:
             backend: The ``torch.compile`` backend.
