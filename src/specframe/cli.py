@@ -362,7 +362,8 @@ def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None
     if args.prompt is None:
         raise InputError("no prompt: give PROMPT text, '-' to read standard input, or --prompt-ids")
     if args.prompt == "-":
-        data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+        stdin = sys.stdin
+        data = stdin.buffer.read() if hasattr(stdin, "buffer") else stdin.read().encode("utf-8", "surrogateescape")
         try:
             return data.decode("utf-8-sig"), None
         except UnicodeDecodeError as exc:
