@@ -7,6 +7,7 @@ Usage::
     python scripts/perf_report.py --model /path/to/ckpt --dtype bfloat16 --no-compile
     python scripts/perf_report.py --quick                  # a smoke run (few tokens, no compiled path)
     python scripts/perf_report.py --model /path/to/156M-ckpt --calls-only   # floor and calls of a large model
+    python scripts/perf_report.py --calls-only --fixed-shapes   # the one graph against per-row-count graphs
 
 A 156M-parameter random checkpoint, memory-bound like real models::
 
@@ -189,6 +190,62 @@ def call_costs(model: Any, paths: list[str], repeats: int, quick: bool) -> dict[
             if len(measured) >= 2:
                 entry[fitted] = fit(list(measured), list(measured.values()))
     return out
+
+
+def fixed_shapes(model: Any, repeats: int, rows_list: tuple[int, ...] = (2, 4, 10, 18)) -> dict[int, dict[str, float]]:
+    """Per row count: the compiled path's graph (every row count) against a graph fixed to that row count.
+
+    Each fixed graph is compiled here (tens of seconds each on a small CPU); the two are called alternately
+    on the same cache, and the fastest wall ms of ``repeats`` calls of each is kept.
+    """
+    import functools
+
+    from specframe.models import compiled as graphs
+
+    set_path(model, "compiled")
+    cache = prefilled_cache(model, CONTEXT, CONTEXT + max(CALL_ROWS))
+    call_ms(model, cache, 1, 4)  # the compiled path's graph exists after three calls
+    out = {}
+    for rows in rows_list:
+        compiled = torch.compile(graphs._fresh_call(), backend="inductor", dynamic=False, fullgraph=True)
+        fixed = functools.partial(compiled, graphs.GraphStep(model.fast).eval())
+        ids = torch.randint(0, model.vocab_size, (rows,), device=model.device)
+        positions = torch.arange(cache.length, cache.length + rows, device=model.device)
+        attention = torch.ones(rows, rows, dtype=torch.bool, device=model.device).tril()
+
+        inputs = (ids, positions, attention)
+        started = time.perf_counter()
+        _fixed_call(model, fixed, cache, inputs)
+        log(f"compiled a graph fixed to {rows} rows in {time.perf_counter() - started:.1f} s")
+        times: dict[str, list[float]] = {"compiled path": [], "fixed shape": []}
+        for index in range(2 * repeats):
+            for name in ("compiled path", "fixed shape") if index % 2 else ("fixed shape", "compiled path"):
+                sync(model.device)
+                start = time.perf_counter()
+                if name == "fixed shape":
+                    _fixed_call(model, fixed, cache, inputs)
+                else:
+                    model.forward(cache, ids, positions, attention)
+                sync(model.device)
+                times[name].append(time.perf_counter() - start)
+        out[rows] = {name: 1000 * min(values) for name, values in times.items()}
+    out_graphs = model.compiled.compiled_graphs()
+    log(f"the compiled path still has {out_graphs} graph(s)")
+    return out
+
+
+def _fixed_call(model: Any, fixed: Any, cache: Any, inputs: tuple[torch.Tensor, ...]) -> None:
+    """One call of a fixed-shape graph, its keys and values staged as the compiled path stages them."""
+    from specframe.models import compiled as graphs
+
+    rows = inputs[0].shape[0]
+    length = torch.tensor(cache.length, device=model.device)
+    with graphs._compiling("inductor"):
+        hidden, keys, values = fixed(*inputs, length, cache.keys, cache.values, None)
+    cache.reserve(rows)
+    cache.keys[:, cache.length : cache.length + rows] = keys
+    cache.values[:, cache.length : cache.length + rows] = values
+    model.fast.logits(hidden)
 
 
 def set_path(model: Any, path: str) -> None:
@@ -428,6 +485,17 @@ def render(result: dict[str, Any]) -> str:
         "",
         *_calls_table(result, "cpu_ms_by_rows", "cpu_fit"),
     ]
+    if result.get("fixed_shapes"):
+        lines += [
+            "",
+            "## The compiled path's graph (every row count) against graphs fixed to one row count: fastest wall ms",
+            "",
+            "| rows | compiled path | fixed shape | compiled path / fixed |",
+            "| --- | --- | --- | --- |",
+        ]
+        for rows, entry in result["fixed_shapes"].items():
+            path_ms, fixed_ms = entry["compiled path"], entry["fixed shape"]
+            lines.append(f"| {rows} | {path_ms:.3f} | {fixed_ms:.3f} | {path_ms / fixed_ms:.2f} |")
     gen = result["generation"]
     if gen is None:
         return "\n".join(lines) + "\n"
@@ -474,6 +542,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="only the floor and the model calls (no generation): for large checkpoints",
     )
+    parser.add_argument(
+        "--fixed-shapes",
+        action="store_true",
+        help="also compile a graph fixed to each of 2, 4, 10 and 18 rows and time it against the compiled path's",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 16 tokens, 1 repeat, no compiled path")
     parser.add_argument("--json", help="also write the figures as JSON to this file ('-': do not)")
     args = parser.parse_args(argv)
@@ -503,6 +576,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     streamed = streamed_bytes(model)
     floor["streamed_floor_ms"] = streaming_floor(streamed, model.dtype, torch.device(model.device))["floor_ms"]
     calls = call_costs(model, paths, args.call_repeats, args.quick)
+    fixed = fixed_shapes(model, args.call_repeats) if args.fixed_shapes and not args.no_compile else None
     compile_seconds = model.compiled.compile_seconds if model.compiled is not None else None
     gen = None
     if not args.calls_only:
@@ -528,6 +602,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "compile_seconds": compile_seconds,
         "graphs": None if model.compiled is None else model.compiled.compiled_graphs(),
         "prepacked": model.fast.prepacked,
+        "fixed_shapes": fixed,
     }
     result["text"] = render(result)
     return result
