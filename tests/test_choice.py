@@ -313,7 +313,7 @@ def _plant(monkeypatch, q_of, *, realized=False):
         return {"prefix": [value] * (self.size + 1), "branch": [value] * (self.size + 1)}
 
     monkeypatch.setattr(AcceptanceStats, "rates", rates)
-    monkeypatch.setattr(AcceptanceStats, "lower_rates", lambda self, z: rates(self))
+    monkeypatch.setattr(AcceptanceStats, "lower_rates", lambda self, z, mean=None: rates(self))
     monkeypatch.setattr(AcceptanceStats, "checked", lambda self, source, offset: 100.0)
     if not realized:
         monkeypatch.setattr(CallTokens, "factor", lambda self, label: 1.0)
@@ -440,7 +440,7 @@ def test_drafting_must_pay_at_the_lower_bound_of_the_acceptance(models, monkeypa
     q = _tie_acceptance(probe, gain)  # the best drafting candidate's estimate is `gain` times AR's
     _plant(monkeypatch, lambda: q)
     low = max(q - doubt, 0.0)  # the lower confidence bound: `doubt` below the estimate
-    bounds = lambda self, z: {source: [low] * (self.size + 1) for source in ("prefix", "branch")}  # noqa: E731
+    bounds = lambda self, z, mean=None: {source: [low] * (self.size + 1) for source in ("prefix", "branch")}  # noqa: E731
     monkeypatch.setattr(AcceptanceStats, "lower_rates", bounds)
     labels = _labels(probe, model)  # a decoder that has verified drafts: there is evidence to doubt
     share = labels.count("ar") / len(labels)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -40,9 +41,9 @@ class Candidate:
     kind: str
     width: int
 
-    @property
+    @cached_property
     def label(self) -> str:
-        """``packed/w4``, or ``ar``."""
+        """``packed/w4``, or ``ar`` (computed once: the choice asks for it several times a call)."""
         return "ar" if self.kind == "ar" else f"{self.kind}/w{self.width}"
 
 

@@ -49,12 +49,14 @@ class AcceptanceStats:
         self.decay = decay
         self.prior = self._blend([0.0] * (size + 1), [0.0] * (size + 1), default_prior(size), falloff=True)
         self._recent = {s: ([0.0] * (size + 1), [0.0] * (size + 1)) for s in SOURCES}
+        self._scale = 1.0  # recent counts are stored divided by the decay so far (decayed lazily)
         self._pooled = {s: ([0.0] * (size + 1), [0.0] * (size + 1)) for s in SOURCES}
 
     def start_request(self) -> None:
         """Begin a request: the pooled prefix estimate so far becomes the prior, recent counts are cleared."""
         self.prior = self._blend(*self._pooled["prefix"], default_prior(self.size), falloff=True)
         self._recent = {s: ([0.0] * (self.size + 1), [0.0] * (self.size + 1)) for s in SOURCES}
+        self._scale = 1.0
 
     def observe(self, chain: Sequence[tuple[str, int]], accepted: int) -> None:
         """Record one verification.
@@ -65,38 +67,49 @@ class AcceptanceStats:
         """
         if not chain:
             return
-        for accepted_counts, checked_counts in self._recent.values():
-            for d in range(self.size + 1):
-                accepted_counts[d] *= self.decay
-                checked_counts[d] *= self.decay
+        self._scale *= self.decay  # every recent count decays: one factor instead of a pass over them
+        if self._scale < 1e-12:
+            for counts in self._recent.values():
+                for column in counts:
+                    column[:] = [value * self._scale for value in column]
+            self._scale = 1.0
+        unit = 1.0 / self._scale
         for rank, (source, offset) in enumerate(chain):
             bucket = min(max(offset, 1), self.size)
             hit = rank < accepted
-            for table in (self._recent, self._pooled):
-                table[source][1][bucket] += 1.0
-                if hit:
-                    table[source][0][bucket] += 1.0
-            if not hit:
+            recent, pooled = self._recent[source], self._pooled[source]
+            recent[1][bucket] += unit
+            pooled[1][bucket] += 1.0
+            if hit:
+                recent[0][bucket] += unit
+                pooled[0][bucket] += 1.0
+            else:
                 break
+
+    def _recent_counts(self, source: str) -> tuple[list[float], list[float]]:
+        """The decayed recent (accepted, checked) counts of ``source`` by offset."""
+        scale = self._scale
+        return tuple([value * scale for value in column] for column in self._recent[source])
 
     def rates(self) -> dict[str, list[float]]:
         """``q_d`` for offsets ``0 .. size`` (index 0 unused) per source, blended with the priors."""
-        prefix = self._blend(*self._recent["prefix"], self.prior)
-        branch = self._blend(*self._recent["branch"], prefix)
+        prefix = self._blend(*self._recent_counts("prefix"), self.prior)
+        branch = self._blend(*self._recent_counts("branch"), prefix)
         return {"prefix": prefix, "branch": branch}
 
-    def lower_rates(self, z: float) -> dict[str, list[float]]:
+    def lower_rates(self, z: float, mean: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
         """A lower confidence bound of each ``q_d``: the estimate less ``z`` of its standard deviations.
 
         The estimate is a Beta posterior's mean over the recent (decayed) counts plus the prior's
         pseudo-observations, so its deviation is ``sqrt(q (1 - q) / (n + 1))`` with ``n`` those counts together:
         wide early in a request and at offsets rarely checked, narrow where many verifications reached.
-        Like the estimates, the bounds never rise with the offset beyond 2.
+        Like the estimates, the bounds never rise with the offset beyond 2. ``mean``: :meth:`rates`, if the
+        caller has it already.
         """
-        mean = self.rates()
+        mean = self.rates() if mean is None else mean
         out = {}
         for source in SOURCES:
-            checked = self._recent[source][1]
+            checked = self._recent_counts(source)[1]
             low: list[float] = []
             for d, q in enumerate(mean[source]):
                 n = checked[d] + self.weight

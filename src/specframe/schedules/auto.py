@@ -385,7 +385,7 @@ class AutoSchedule(Schedule):
             correct=self._correct,
             scale=self._scale,
         )
-        low = self._pessimist(seconds, state.ctx.traits.free_bonus)
+        low = self._pessimist(q, seconds, state.ctx.traits.free_bonus)
         current = self._chosen
         if current is not None and chosen != current and current.label in rates:
             if self._switch_gain(current, chosen, low) <= 1 + SWITCH_MARGIN:
@@ -414,11 +414,12 @@ class AutoSchedule(Schedule):
             gain *= 1 - (tokens - 1) / (REFRESH_CALLS * tokens)
         return gain
 
-    def _pessimist(self, seconds: Callable[[int], float], free_bonus: bool) -> Callable:
+    def _pessimist(self, q: dict[str, list[float]], seconds: Callable[[int], float], free_bonus: bool) -> Callable:
         """``(tokens, rate)`` of a candidate with the acceptance CONFIDENCE_Z deviations below its estimate.
 
         Its predicted tokens are corrected by what its calls added and its seconds by what they took, as in
-        the estimate; memoised for one estimate (the bounds are computed on the first call).
+        the estimate; memoised for one estimate (the bounds are computed from the estimate ``q`` on the first
+        call).
         """
         memo: dict[Candidate, tuple[float, float]] = {}
         bounds: list[dict[str, list[float]]] = []
@@ -426,7 +427,7 @@ class AutoSchedule(Schedule):
         def rate(candidate: Candidate) -> tuple[float, float]:
             if candidate not in memo:
                 if not bounds:
-                    bounds.append(self._stats.lower_rates(CONFIDENCE_Z))
+                    bounds.append(self._stats.lower_rates(CONFIDENCE_Z, q))
                 tokens, spent = steady_state(
                     candidate, bounds[0], seconds, self._row_count, free_bonus=free_bonus, k=self.k
                 )
