@@ -7,6 +7,7 @@ the calibration is only checked for its structure and its cache, never for its n
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -547,6 +548,25 @@ def test_calibration_measures_every_row_count_and_is_cached_per_model(models, mo
     path = save(first)
     path.write_text("{not json", encoding="utf-8")
     assert load_cached(first.key) is None
+
+
+def test_a_slow_warm_up_such_as_a_compile_does_not_use_up_the_calibration_budget(models, monkeypatch):
+    # The compiled path compiles in its first call: counted in the budget, it left a single timing round.
+    model = models[SETDLM]
+    monkeypatch.setattr(costs_module, "WARMUP_S", 0.05)
+    calls = []
+    forward = model.forward
+
+    def first_call_compiles(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # the first call after the two prefills
+            time.sleep(0.4)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", first_call_compiles)
+    costs_module.calibrate(model, budget_s=0.1, limit_s=0.3, min_rounds=3, max_rounds=3, rows=(1, 4))
+    pairs = 4  # two contexts x two row counts
+    assert len(calls) == 2 + pairs + 3 * pairs  # prefills, warm-up, then all three rounds
 
 
 def test_calibrate_command_prints_the_model_and_reuses_its_cache(tmp_path, monkeypatch, capsys):

@@ -54,6 +54,10 @@ LONG_CONTEXT = 320
 #: 1.66-1.80x, and the bench measured 1.77x). The fastest timings describe the machine, the decoder's
 #: observed load scales them, and the staleness check (:func:`shape_drift`) compares fastest with fastest.
 QUANTILE = 0.0
+#: A calibration's warm-up (one call of every timed pair) longer than this many seconds is not counted in its
+#: time budget: on the compiled path the first call compiles the graph (tens of seconds on a small CPU), and
+#: counting it left time for a single round, one sample per row count.
+WARMUP_S = 1.0
 #: Bump when the calibration procedure changes, so that old cache files are not reused.
 VERSION = 3
 #: A cached cost model is measured again when a quick check (:func:`shape_drift`) finds the cost of a call
@@ -272,7 +276,9 @@ def calibrate(
 
     Args:
         model: The model to time.
-        budget_s: Seconds to aim for, warm-up included: rounds continue until then or ``max_rounds``.
+        budget_s: Seconds to aim for, warm-up included: rounds continue until then or ``max_rounds``. A
+            warm-up slower than :data:`WARMUP_S` (the compiled path compiles its graph in it) is not counted:
+            the budgets then start after it, so that a compiled model gets as many rounds as an eager one.
         limit_s: Seconds after which no new round starts even below ``min_rounds`` (one round always runs).
         rows: Row counts to time.
         host_s: Measures the decoder's seconds per call outside the model (called once, timed separately):
@@ -317,12 +323,14 @@ def calibrate(
             return time.perf_counter() - start
 
         order = list(inputs)
-        for pair in order:  # warm-up: first calls allocate and pick kernels
+        for pair in order:  # warm-up: first calls allocate and pick kernels (and compile, on the compiled path)
             timed(pair)
+        warmup_s = time.perf_counter() - started
+        budget_started = started + warmup_s if warmup_s > WARMUP_S else started
         samples: dict[tuple[int, int], list[float]] = {pair: [] for pair in order}
         shuffle = random.Random(0)
         for round_index in range(max_rounds):
-            elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - budget_started
             if round_index and (elapsed > limit_s or (round_index >= min_rounds and elapsed > budget_s)):
                 break
             shuffle.shuffle(order)
