@@ -159,6 +159,17 @@ def test_the_suite_rejects_a_bug_planted_in_the_host_top_k_path(models, monkeypa
     assert _pvalue(models[NEMOTRON], "packed", {**WARPS["topk"], "top_k": 3}, "topk3") < FAIL
 
 
+@pytest.mark.parametrize("warp", ["topk", "topp", "topkp"])
+def test_a_seed_reproduces_its_output_whatever_ran_before(models, warp):
+    """Whether a call takes the host or the dense path depends on its own logits only: one seed, one output."""
+    decoder = compose(
+        {"model": models[SETDLM], "schedule": "packed", "acceptance": WARPS[warp], "width": WIDTH, "max_new_tokens": 8}
+    )
+    first = [decoder.generate(prompt_ids=PROMPT, seed=s).output_ids for s in range(20)]
+    again = [decoder.generate(prompt_ids=PROMPT, seed=s).output_ids for s in reversed(range(20))][::-1]
+    assert first == again and len({tuple(x) for x in first}) > 3
+
+
 # -- the outcome space ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("warp", sorted(WARPS))
