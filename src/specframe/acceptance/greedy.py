@@ -31,9 +31,7 @@ class GreedyAcceptance(AcceptanceRule):
 
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None) -> Proposals:
         """Argmax of each row; the score is the token's softmax probability (computed when asked for)."""
-        host = host_first_argmax(logits)
-        tokens = first_argmax(logits) if host is None else host
-        return Proposals(tokens, scores=lambda: top_probability(logits), device=logits.device)
+        return Proposals(_argmax(logits), scores=lambda: top_probability(logits), device=logits.device)
 
     def verify(self, drafts: Sequence[DraftRef], logits: torch.Tensor, generator: torch.Generator | None) -> Verdict:
         """Accept the longest prefix of drafts equal to the verifier's argmax, then add its next argmax.
@@ -42,8 +40,7 @@ class GreedyAcceptance(AcceptanceRule):
         the argmax stays on the device until the schedule reads the outcome. The comparison with the chain
         (whose tokens the host already knows) is a few integer compares.
         """
-        host = host_first_argmax(logits)
-        return self._verdict(drafts, first_argmax(logits) if host is None else host, logits, logits.shape[0])
+        return self._verdict(drafts, _argmax(logits), logits, logits.shape[0])
 
     @staticmethod
     def _verdict(
@@ -78,8 +75,7 @@ class GreedyAcceptance(AcceptanceRule):
         """
         if type(self).propose is not GreedyAcceptance.propose or type(self).verify is not GreedyAcceptance.verify:
             return super().propose_and_verify(drafts, logits, num_verify, generator)
-        host = host_first_argmax(logits)
-        predicted = first_argmax(logits) if host is None else host
+        predicted = _argmax(logits)
         proposals = None
         if logits.shape[0] > num_verify:
 
@@ -92,6 +88,12 @@ class GreedyAcceptance(AcceptanceRule):
     def describe(self) -> dict[str, object]:
         """The rule's name."""
         return {"name": "greedy"}
+
+
+def _argmax(logits: torch.Tensor) -> list[int] | torch.Tensor:
+    """The first argmax of each row: a host list where numpy computes it (CPU logits), else a device tensor."""
+    host = host_first_argmax(logits)
+    return first_argmax(logits) if host is None else host
 
 
 def make_greedy(**options: object) -> GreedyAcceptance:
