@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import numpy
 import pytest
 
 from decoding_helpers import conditional_logits, tiny_model
@@ -78,7 +79,8 @@ def _pvalue(model, schedule, acceptance, warp: str, *, first_seed: int = 0, widt
 # -- the production sampler, every schedule -----------------------------------------------------------------------
 CASES = [(f, s, "t1") for f in FAMILIES for s in ("ar", "linear", "quadratic", "packed", "kbranch")]
 CASES += [(f, "packed", w) for f in FAMILIES for w in ("topk", "topp", "topkp")]
-CASES += [(f, s, "topk") for f in FAMILIES for s in ("ar", "linear")]  # top-k on the host: every rule method
+# top-k and top-p on the host: every rule method
+CASES += [(f, s, w) for f in FAMILIES for s in ("ar", "linear") for w in ("topk", "topp")]
 SLOW_CASES = [(f, "quadratic", w) for f in FAMILIES for w in ("topk", "topp")] + [(SETDLM, "kbranch", "topp")]
 
 
@@ -137,19 +139,20 @@ def test_planted_bugs_are_rejected_on_other_random_streams(models, bug, stream):
     assert _pvalue(models[family], schedule(), rule(), warp, first_seed=100_000 * stream) < FAIL
 
 
-def test_host_and_dense_top_k_paths_mix_exactly(models, monkeypatch):
-    """Calls alternate between the host top-k path and the dense one (as a tie at the k-th logit makes them):
-    proposals drawn by one path are verified by the other, and the output is still AR sampling's."""
-    original = hostsample.top_k_candidates
+@pytest.mark.parametrize(("warp", "path"), [("topk", "top_k_candidates"), ("topp", "top_p_candidates")])
+def test_host_and_dense_paths_mix_exactly(models, monkeypatch, warp, path):
+    """Calls alternate between the host path and the dense one (as a tie at the k-th logit or NaN logits make
+    them): proposals drawn by one path are verified by the other, and the output is still AR sampling's."""
+    original = getattr(hostsample, path)
     calls = Counter()
 
     def every_other(*args, **kwargs):
         calls["all"] += 1
         return original(*args, **kwargs) if calls["all"] % 2 else None
 
-    monkeypatch.setattr(hostsample, "top_k_candidates", every_other)
+    monkeypatch.setattr(hostsample, path, every_other)
     for family in FAMILIES:
-        assert _pvalue(models[family], "packed", WARPS["topk"], "topk") > PASS
+        assert _pvalue(models[family], "packed", WARPS[warp], warp) > PASS
     assert calls["all"] > 2 * SAMPLES
 
 
@@ -157,6 +160,22 @@ def test_the_suite_rejects_a_bug_planted_in_the_host_top_k_path(models, monkeypa
     """The host path's correction drawn from p instead of the residual max(p - q, 0): rejected."""
     monkeypatch.setattr(hostsample, "_residual", lambda p, q: p)
     assert _pvalue(models[NEMOTRON], "packed", {**WARPS["topk"], "top_k": 3}, "topk3") < FAIL
+
+
+def test_the_suite_rejects_a_bug_planted_in_the_host_nucleus(models, monkeypatch):
+    """The host nucleus without its crossing token (the mass up to a token, not before it, compared with
+    top_p), in verifier and drafter alike: rejected, though every draft is verified consistently."""
+    original = hostsample.host_nucleus
+
+    def without_crossing(probs, top_p, ids=None):
+        ids, kept = original(probs, top_p, ids)
+        counts = (kept > 0).sum(1)
+        rows = numpy.flatnonzero(counts > 1)
+        kept[rows, counts[rows] - 1] = 0
+        return ids, kept
+
+    monkeypatch.setattr(hostsample, "host_nucleus", without_crossing)
+    assert _pvalue(models[SETDLM], "packed", WARPS["topp"], "topp") < FAIL
 
 
 @pytest.mark.parametrize("warp", ["topk", "topp", "topkp"])

@@ -1,6 +1,6 @@
-"""Rejection sampling of top-k truncated distributions on the host, for logits on the CPU.
+"""Rejection sampling of top-k and top-p truncated distributions on the host, for logits on the CPU.
 
-A top-k distribution has ``k`` non-zero entries per row. On a CPU, working on the dense ``[rows, V]``
+A top-k distribution has ``k`` non-zero entries per row, a top-p one its nucleus. On a CPU, working on the dense ``[rows, V]``
 probabilities costs some fifty torch operations per Packed-SS call (each a few microseconds of dispatch, most
 of them passes over the whole vocabulary): the warp, the gathers of ``p`` and ``q``, the residual, the
 cumulative sums of the draws. Here the warp keeps each row's ``k`` candidates as ``[rows, k]`` token ids and
@@ -16,6 +16,11 @@ It is the same procedure as the dense path (:mod:`specframe.acceptance.rejection
 * probabilities are the softmax over the kept logits (a dropped logit's weight is exactly 0 in the dense
   softmax too), and a top-p after the top-k is the nucleus of the candidates sorted by decreasing
   probability, ties by increasing token id, as :func:`~specframe.acceptance.nucleus.nucleus_sorted` sorts;
+* a top-p without top-k takes the warp's dense softmax (torch's, as the dense path) and its nucleus by
+  :func:`~specframe.acceptance.nucleus.host_nucleus`, which keeps exactly the reference's tokens: a row's
+  candidates are its nucleus in that order, padded with its next tokens at probability 0 to the widest
+  row's count (so each call's candidates have their own width; a chain of proposals of several widths is
+  padded with id -1, probability 0); a row of NaN (NaN or infinite logits) takes the dense path;
 * a draw is inverse-CDF sampling over a row's entries, as :func:`~specframe.acceptance.rejection.sample_rows`:
   a token of zero weight is never drawn.
 
@@ -33,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 from specframe.acceptance.base import DraftRef, Proposals, Verdict, chain_rows, draft_tokens
+from specframe.acceptance.nucleus import host_nucleus
 from specframe.acceptance.select import numpy, numpy_readable
 
 #: Larger top-k values take the dense path: the residual compares every candidate of a row with every entry
@@ -74,20 +80,32 @@ def top_k_candidates(
         return None  # a tie at the k-th largest (more than k kept tokens), or NaN
     weights = numpy.exp(values - values.max(1, keepdims=True))
     probs = weights / weights.sum(1, keepdims=True)
-    if top_p is not None:
-        probs = _nucleus(ids, probs, top_p)
-    return Candidates(ids, probs)
+    if top_p is None:
+        return Candidates(ids, probs)
+    return _nucleus(*host_nucleus(probs, top_p, ids))
 
 
-def _nucleus(ids, probs, top_p: float):
-    """The candidates' nucleus: decreasing probability, ties by increasing id; the crossing token is kept."""
-    order = numpy.lexsort((ids, -probs), axis=1)
-    rows = _rows(order.shape[0])
-    ranked = probs[rows, order]
-    keep = numpy.empty(probs.shape, dtype=bool)
-    keep[rows, order] = ranked.cumsum(1) - ranked < top_p
-    kept = numpy.where(keep, probs, 0)
-    return kept / kept.sum(1, keepdims=True)
+def top_p_candidates(probs: torch.Tensor, top_p: float) -> Candidates | None:
+    """The nuclei of ``[rows, V]`` CPU probabilities (the warp's softmax), as candidates.
+
+    Each row's candidates are its nucleus in decreasing probability, ties by increasing id (a row narrower
+    than the widest one is padded with its next tokens, of probability 0).
+
+    Returns:
+        The candidates, or ``None`` where the dense path must serve the call: probabilities numpy cannot
+        read in place, or a row of NaN (a softmax over NaN or infinite logits is NaN throughout).
+    """
+    if not numpy_readable(probs) or probs.dim() != 2 or not probs.shape[0]:
+        return None
+    values = probs.numpy()
+    if not numpy.isfinite(values[:, 0]).all():
+        return None
+    return _nucleus(*host_nucleus(values, top_p))
+
+
+def _nucleus(ids, kept) -> Candidates:
+    """:func:`~specframe.acceptance.nucleus.host_nucleus`'s ranks as candidates, renormalised."""
+    return Candidates(ids, kept / kept.sum(1, keepdims=True))
 
 
 def _rows(count: int):
@@ -126,6 +144,17 @@ def _residual(p, q):
     return residual if residual.sum() > 0 else p
 
 
+def _lookup(ids, probs, tokens):
+    """The probability a candidate row (``ids``, ``probs``; id -1 pads) gives each of ``tokens`` (0 if none).
+
+    Through a dense scratch row (a [K, K] comparison costs ~0.5 ms for the widest top-p nuclei); the pads
+    write their 0 to a spare last slot.
+    """
+    scratch = numpy.zeros(int(max(ids.max(), tokens.max())) + 2, dtype=probs.dtype)
+    scratch[ids] = probs
+    return scratch[tokens]
+
+
 def host_chain(drafts: Sequence[DraftRef]):
     """The chain's draft tokens and their proposals' candidates ``(tokens, ids, probs)``, or ``None``.
 
@@ -140,8 +169,11 @@ def host_chain(drafts: Sequence[DraftRef]):
             rows = rows.numpy()
         ids.append(batch.ids.numpy()[rows])
         probs.append(batch.probs.numpy()[rows])
-    if len({a.shape[1] for a in ids}) > 1:
-        return None
+    widths = {a.shape[1] for a in ids}
+    if len(widths) > 1:  # batches of other widths (top-p nuclei): padded with id -1, probability 0
+        width = max(widths)
+        ids = [numpy.pad(a, ((0, 0), (0, width - a.shape[1])), constant_values=-1) for a in ids]
+        probs = [numpy.pad(a, ((0, 0), (0, width - a.shape[1]))) for a in probs]
     tokens = numpy.array(draft_tokens(drafts), dtype=numpy.int64)
     if len(ids) == 1:
         return tokens, ids[0], probs[0]
@@ -184,9 +216,7 @@ def step(
     if accepted < num_verify:
         verifier = probs[accepted]
         if accepted < kappa:  # a rejection: the residual max(p - q, 0) over the verifier's candidates
-            proposal_ids, proposal_probs = chain[1][accepted], chain[2][accepted]
-            q_here = (proposal_probs * (ids[accepted][:, None] == proposal_ids)).sum(1)
-            verifier = _residual(verifier, q_here)
+            verifier = _residual(verifier, _lookup(chain[1][accepted], chain[2][accepted], ids[accepted]))
         token = draw_one(ids[accepted], verifier, uniforms[kappa])
     verify_probs = probs[:num_verify]
     verdict = Verdict(accepted, token, lambda: torch.from_numpy(verify_probs.max(1)))

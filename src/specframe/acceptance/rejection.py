@@ -57,6 +57,13 @@ class SamplingWarp:
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Dense warped distributions ``[k, V]`` (float32, or float64 for float64 logits)."""
+        probs = self.softmax(logits)
+        if self._nucleus is not None:
+            probs = self._nucleus(probs)
+        return probs
+
+    def softmax(self, logits: torch.Tensor) -> torch.Tensor:
+        """The warp before its top-p: temperature and top-k, then the softmax (as :meth:`probs`' dtype)."""
         dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
         scaled = logits.to(dtype)
         if self.temperature != 1.0:
@@ -69,10 +76,7 @@ class SamplingWarp:
             else:
                 kth = kth_largest(scaled.reshape(-1, scaled.shape[-1]), self.top_k).view(*scaled.shape[:-1], 1)
             scaled = scaled.sub(_below(scaled, kth), alpha=MASKED)
-        probs = torch.softmax(scaled, dim=-1)
-        if self._nucleus is not None:
-            probs = self._nucleus(probs)
-        return probs
+        return torch.softmax(scaled, dim=-1)
 
 
 class RejectionSampling(AcceptanceRule):
@@ -93,8 +97,8 @@ class RejectionSampling(AcceptanceRule):
         """Sample one token per row from the warped drafter distribution and store that distribution.
 
         The distributions are stored densely (``[k, V]``): finding the width of a sparse copy would cost a
-        host synchronisation per call. Top-k distributions of CPU logits are sampled on the host and stored
-        as their candidates (:mod:`specframe.acceptance.hostsample`).
+        host synchronisation per call. Top-k and top-p distributions of CPU logits are sampled on the host
+        and stored as their candidates (:mod:`specframe.acceptance.hostsample`).
         """
         candidates = self._candidates(logits)
         if candidates is not None:
@@ -105,8 +109,8 @@ class RejectionSampling(AcceptanceRule):
         """Accept with ``min(1, p/q)``; correct from ``max(p - q, 0)``; bonus from ``p`` after a full accept.
 
         Everything runs on the device over the whole chain at once (one uniform per draft, one categorical
-        draw); the verdict is read when the schedule needs it. Top-k distributions of CPU logits are
-        verified on the host (:mod:`specframe.acceptance.hostsample`).
+        draw); the verdict is read when the schedule needs it. Top-k and top-p distributions of CPU logits
+        are verified on the host (:mod:`specframe.acceptance.hostsample`).
         """
         step = self._host_step(drafts, logits, logits.shape[0], generator)
         if step is not None:
@@ -136,11 +140,13 @@ class RejectionSampling(AcceptanceRule):
         return self._proposals(drafter, tokens[1:]), self._verdict(accepted, tokens, target)
 
     def _candidates(self, logits: torch.Tensor) -> hostsample.Candidates | None:
-        """The host candidates of a top-k warp of ``logits``, or ``None`` for the dense path."""
+        """The host candidates of a top-k or top-p warp of CPU ``logits``, or ``None`` for the dense path."""
         warp = self.warp
-        if warp.top_k is None:
-            return None
-        return hostsample.top_k_candidates(logits, warp.top_k, warp.temperature, warp.top_p)
+        if warp.top_k is not None:
+            return hostsample.top_k_candidates(logits, warp.top_k, warp.temperature, warp.top_p)
+        if warp.top_p is not None and logits.device.type == "cpu":
+            return hostsample.top_p_candidates(warp.softmax(logits), warp.top_p)
+        return None
 
     def _host_step(
         self, drafts: Sequence[DraftRef], logits: torch.Tensor, num_verify: int, generator: torch.Generator | None
