@@ -7,9 +7,11 @@ the calibration is only checked for its structure and its cache, never for its n
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 import pytest
+import torch
 
 from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, eos_ids, tiny_model
 from specframe import compose
@@ -471,6 +473,161 @@ def test_a_candidate_whose_calls_add_fewer_tokens_than_predicted_loses_its_pick(
     assert all(tokens.factor(label) < 0.9 for label in drafted if tokens.count(label) > 20)
     assert labels[:10].count("ar") < 3  # drafting first, as predicted ...
     assert labels[-60:].count("ar") > 50  # ... AR calls once the realized tokens are counted
+
+
+# -- what a plain AR call inside "auto" costs ------------------------------------------------------------
+
+
+def _forward_log(model, decoder, prompt, length=60):
+    """Each forward of one request: (label, ids, positions, attention, output rows, adapter rows, cached)."""
+    log = []
+    forward = model.forward
+
+    def logged(cache, ids, positions, attention, output_rows=None, adapter_rows=None):
+        adapter = None if adapter_rows is None else adapter_rows.clone()
+        entry = (ids.clone(), positions.clone(), attention.clone(), output_rows.clone(), adapter, cache.length)
+        log.append((decoder.schedule.label(), entry))
+        return forward(cache, ids, positions, attention, output_rows, adapter_rows)
+
+    model.forward = logged
+    try:
+        with eos_ids(model, ()):
+            tokens = decoder.generate(prompt_ids=prompt, max_new_tokens=length).output_ids
+    finally:
+        del model.forward
+    return tokens, log
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_plain_ar_call_inside_auto_is_the_ar_schedules_call(models, family):
+    model = models[family]
+    prompt = [3, 5, 7, 9]
+    ar = compose({"model": model, "schedule": "ar", "max_new_tokens": 60})
+    auto = compose({"model": model, "schedule": "packed", "width": "auto", "max_new_tokens": 60, "cost": ROWS_DEAR})
+    expected, ar_log = _forward_log(model, ar, prompt)
+    tokens, auto_log = _forward_log(model, auto, prompt)
+    assert tokens == expected
+    by_position = {int(entry[1][0]): entry for _, entry in ar_log[1:]}  # by the pending token's position
+    # AR calls after AR calls (the first after a drafting call also checks the draft's first token) that
+    # take a pending token (after a draft token accepted without a verifier token, there is none to take)
+    plain = [
+        entry
+        for (before, _), (label, entry) in zip(auto_log[1:], auto_log[2:], strict=False)
+        if label == before == "ar" and int(entry[0][0]) != model.mask_token_id
+    ]
+    assert len(plain) > 0.7 * len(auto_log)  # rows are dear: AR calls, probes aside
+    for ids, positions, attention, output_rows, adapter, cached in plain:
+        twin = by_position[int(positions[0])]
+        assert torch.equal(ids, twin[0]) and torch.equal(positions, twin[1]) and torch.equal(attention, twin[2])
+        assert torch.equal(output_rows, twin[3]) and cached == twin[5]  # same rows, same cache length
+        assert (adapter is None) == (twin[4] is None) and (adapter is None or torch.equal(adapter, twin[4]))
+
+
+def _python_calls(function):
+    """``function`` wrapped to count the Python and builtin function calls each of its calls makes."""
+    counts = []
+
+    def counted(*args):
+        events = [0]
+
+        def profile(frame, event, arg):
+            if event in ("call", "c_call"):
+                events[0] += 1
+
+        sys.setprofile(profile)
+        try:
+            return function(*args)
+        finally:
+            sys.setprofile(None)
+            counts.append(events[0])
+
+    return counted, counts
+
+
+def test_a_run_of_plain_ar_calls_costs_the_host_what_the_ar_schedule_does(models):
+    # Host work counted in function calls, not timed: plan and update of a plain AR call inside "auto" make
+    # at most a few calls more than the `ar` schedule's (they used to re-decide and re-record every call).
+    model = models[NEMOTRON]
+    counts = {}
+    short = []
+    for name, config in (("ar", {"schedule": "ar"}), ("auto", {"schedule": "packed", "cost": ROWS_DEAR})):
+        decoder = compose({"model": model, "max_new_tokens": 80, **config})
+        schedule = decoder.schedule
+        plan, plans = _python_calls(schedule.plan)
+        schedule.plan = lambda state, plan=plan, schedule=schedule: (
+            short.append(getattr(schedule, "_fast_ar", 0) > 0),
+            plan(state),
+        )[1]
+        schedule.update, updates = _python_calls(schedule.update)
+        with eos_ids(model, ()):
+            decoder.generate(prompt_ids=[3, 5, 7])
+            labels = [label for label, _ in decoder.generate(prompt_ids=[9, 2, 4]).metrics.choices]
+        counts[name] = (plans[-len(labels) :], updates[-len(labels) :], labels)
+    ar_plan, ar_update = sorted(counts["ar"][0])[len(labels) // 2], sorted(counts["ar"][1])[len(labels) // 2]
+    plans, updates, labels = counts["auto"]
+    plain = [i for i, label in enumerate(labels) if label == "ar"]
+    fast = [i for i in plain if i > 1 and short[-len(labels) + i]]  # (the second call starts the timing)
+    assert len(fast) > 0.7 * len(plain)  # most AR calls of a run take the short path
+    # (the short path adds itself and one delegation)
+    assert max(plans[i] for i in fast) <= ar_plan + 3
+    assert sorted(updates[i] for i in plain)[len(plain) // 2] <= ar_update + 2
+
+
+def test_the_short_path_of_plain_ar_calls_chooses_what_the_full_choice_does(models, monkeypatch):
+    model = models[NEMOTRON]
+    prompts = ([3, 5, 7], [9, 2], [1, 2, 11, 4, 6, 8])
+    runs = []
+    for short in (True, False):
+        if not short:
+            monkeypatch.setattr(AutoSchedule, "_plain_ar_calls", lambda self, probes: 0)
+        decoder = _long_decoder(model)
+        with eos_ids(model, ()):
+            runs.append([[c for c in decoder.generate(prompt_ids=p).metrics.choices] for p in prompts])
+    assert runs[0] == runs[1]
+    labels = [label for run in runs[0] for label, _ in run]
+    assert labels.count("ar") > 30 and len(set(labels)) > 1  # both AR runs and drafting were chosen
+
+
+def test_a_stable_pick_is_not_re_estimated_until_acceptance_or_the_context_moves(models, monkeypatch):
+    _plant(monkeypatch, lambda: 0.05)  # drafts (almost) never accepted: AR calls win, probes fail
+    estimates = []  # (verifications that checked a draft, cached context) at each estimate
+    real_best = auto_module.best
+
+    def counted(*args, **kwargs):
+        estimates.append((decoder.schedule._learned, decoder.schedule._estimated_context))
+        return real_best(*args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "best", counted)
+    decoder = _long_decoder(models[NEMOTRON])
+    with eos_ids(models[NEMOTRON], ()):
+        labels = [label for label, _ in decoder.generate(prompt_ids=[3, 5, 7]).metrics.choices]
+    probes = labels.count("packed/w2") // auto_module.PROBE_CALLS
+    assert probes == 4 and len(labels) > 240
+    # Once after each probe (its verifications moved the acceptance) ...
+    assert len({learned for learned, _ in estimates}) >= 1 + probes
+    # ... and, with nothing learned, only once the context has moved CONTEXT_STEP positions (not every
+    # FULL_SCAN_CALLS calls, nor every REFRESH_CALLS)
+    for (learned, context), (before, previous) in zip(estimates[1:], estimates, strict=False):
+        assert learned != before or context - previous >= auto_module.CONTEXT_STEP
+    assert len(estimates) <= 1 + probes + len(labels) // auto_module.CONTEXT_STEP
+
+
+def test_calls_timed_together_count_as_that_many_calls_of_their_mean():
+    one, many = CallTimes(), CallTimes()
+    for _ in range(3):
+        one.observe("packed/w2", 0.010, 0.012)
+    many.observe("packed/w2", 0.010, 0.012, 3)
+    for times in (one, many):  # then ar: two calls to learn its bias from, the rest moves the load
+        times.observe("ar", 0.010, 0.020)
+        times.observe("ar", 0.010, 0.020)
+    for _ in range(9):
+        one.observe("ar", 0.010, 0.025)
+    many.observe("ar", 0.010, 0.025, 9)
+    assert many.load == pytest.approx(one.load) and many.count("ar") == one.count("ar") == 11
+    assert many.correct("ar", 0.01) == pytest.approx(one.correct("ar", 0.01))
+    revision = many.revision
+    many.observe("ar", 0.010, 0.025, 5)  # its bias is learned: only the load moves
+    assert many.revision == revision and many.load != one.load
 
 
 # -- the cost model --------------------------------------------------------------------------------------

@@ -189,11 +189,19 @@ class CallTimes:
         self._bias: dict[str, float] = {}
         self._sums: dict[str, float] = {}
         self._seen_any = False
+        #: Counts the changes of any candidate's bias (the load is left out: it scales every candidate
+        #: alike), so that a chooser can tell whether a re-estimate could pick differently.
+        self.revision = 0
 
-    def observe(self, label: str, predicted: float | None, seconds: float) -> None:
-        """One call of ``label`` took ``seconds`` (predicted: ``predicted``, if known)."""
-        self._counts[label] = self._counts.get(label, 0.0) + 1.0
-        if not predicted:
+    def observe(self, label: str, predicted: float | None, seconds: float, calls: int = 1) -> None:
+        """``calls`` calls of ``label`` took ``seconds`` each on average (predicted: ``predicted``, if known).
+
+        ``calls`` calls observed at once count as that many calls of the mean duration (the bias learns from
+        as many of them as it still learns from, the load follows the rest), so that a run of calls known
+        in advance can be timed as one span.
+        """
+        self._counts[label] = self._counts.get(label, 0.0) + calls
+        if not predicted or calls < 1:
             return
         ratio = seconds / predicted
         if not self._seen_any:  # the first call sets the load, and its candidate is the reference
@@ -203,11 +211,16 @@ class CallTimes:
         ratio = min(max(ratio, expected / OUTLIER), expected * OUTLIER)  # one stalled call moves little
         learned = self._sums.get(label, 0.0)
         if learned < LEARN_CALLS:  # still learning: a running mean of ratio / load; the load is left alone
-            mean = self._bias.get(label, 1.0) * learned + ratio / self.load
-            self._sums[label] = learned + 1
-            self._bias[label] = min(max(mean / (learned + 1), 1 / 3), 3.0)
-            return
-        self.load = self.decay * self.load + (1 - self.decay) * ratio / self._bias[label]
+            self.revision += 1
+            learning = min(calls, LEARN_CALLS - learned)
+            mean = self._bias.get(label, 1.0) * learned + learning * ratio / self.load
+            self._sums[label] = learned + learning
+            self._bias[label] = min(max(mean / (learned + learning), 1 / 3), 3.0)
+            calls -= int(learning)
+            if not calls:
+                return
+        kept = self.decay**calls
+        self.load = kept * self.load + (1 - kept) * ratio / self._bias[label]
 
     def seen(self, label: str) -> bool:
         """Whether a call of ``label`` has been timed."""

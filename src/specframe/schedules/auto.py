@@ -75,6 +75,10 @@ CONFIDENCE_Z = 0.5
 #: Kinds whose predicted tokens per call are corrected by the tokens their calls added (CallTokens): a
 #: plain AR call adds one token, and a Linear-SS iteration is two calls.
 SCALED_KINDS = frozenset({"packed", "kbranch", "quadratic"})
+#: Positions the context may grow (or shrink, from one request to the next) before the candidates are
+#: re-estimated although nothing else moved: a call's cost grows with the positions its rows attend to,
+#: wide calls a little faster than narrow ones (about 1% per 64 positions on the bundled model on a CPU).
+CONTEXT_STEP = 64
 #: What ``schedule: "auto"`` chooses among.
 AUTO_KINDS = ("ar", "packed", "kbranch", "quadratic")
 
@@ -160,13 +164,21 @@ class AutoSchedule(Schedule):
         self._judge_probe = False
         self._learned = 0  # verifications that checked a draft, so far
         self._estimated = -1  # ... as of the last estimate
+        self._estimated_times = -1  # revision of the call times as of the last estimate
+        self._estimated_context = 0  # the context the last estimate was made at
+        self._estimates = 0  # estimates made (not counting those that found nothing new)
+        self._untried: tuple[int, Candidate] | None = None  # (estimates, pick) when no trial was worth it
+        # Plain AR calls to come whose choice is known already (see _plain_ar_calls): planned without the
+        # choice's bookkeeping, so that a plain AR call costs what one of the `ar` schedule does.
+        self._fast_ar = 0
         self._candidates: dict[int, tuple[list[Candidate], list[Candidate]]] = {}
         #: The latest throughput estimate (tokens per second) of each candidate, by label.
         self.rates: dict[str, float] = {}
         self._synthetic = None
         self._times: CallTimes | None = None
         self._predicted: dict[str, float] = {}
-        self._timed: tuple[str, float] | None = None
+        self._timed: tuple[str, float] | None = None  # the label and start of the calls being timed
+        self._timed_calls = 1  # ... how many calls that span covers
         self._tokens = CallTokens()
         self._predicted_tokens: dict[str, float] = {}
         self._last_label: str | None = None
@@ -183,6 +195,7 @@ class AutoSchedule(Schedule):
         self._times = None if cost.source == "given" else CallTimes()
         self._tokens = CallTokens()
         self._predicted_tokens.clear()
+        self._fast_ar = 0
 
     def describe(self) -> dict[str, object]:
         """Name, candidates and the pooled acceptance by offset."""
@@ -201,14 +214,17 @@ class AutoSchedule(Schedule):
     # -- planning ----------------------------------------------------------------------------------------
     def plan(self, state: DecodeState) -> CallPlan:
         """Choose the candidate for this call, then plan it with that schedule at that width."""
+        if self._fast_ar and not state.first_call:
+            return self._plain_ar_call(state)
         if self.cost is None or self._rows_of_plan is None:
             raise RuntimeError("AutoSchedule needs bind(cost, rows) before use; compose() does this")
         now = time.perf_counter()
         if state.first_call:
             self._start_request(state)
-        elif self._timed is not None and self._times is not None:  # the last call, planning to planning
+        elif self._timed is not None and self._times is not None:  # the last call(s), planning to planning
             label, started = self._timed
-            self._times.observe(label, self._predicted.get(label), now - started)
+            calls = self._timed_calls
+            self._times.observe(label, self._predicted.get(label), (now - started) / calls, calls)
         keep = self._current is not None and self._current.kind == "linear" and state.drafts
         if not keep:  # Linear-SS's verification call keeps the width its drafting call had
             self._current = self._choose(state)
@@ -221,11 +237,37 @@ class AutoSchedule(Schedule):
         self._expect = self._predicted_tokens.get(label) if repeated else None
         self._last_label = label
         self._timed = None if state.first_call else (label, time.perf_counter())
+        self._timed_calls = 1
         state.width = max(self._current.width, 1)
         return self._schedules[self._current.kind].plan(state)
 
+    def _plain_ar_call(self, state: DecodeState) -> CallPlan:
+        """The next call of a run of plain AR calls whose choice is already known (see ``_fast_ar``).
+
+        It does what :meth:`plan` would do for it, without re-deciding: the run of AR calls grows by one, and
+        the call is the plan of the ``ar`` schedule (width 0 in the metrics). The calls of such a run are
+        timed together, from the planning of the AR call that chose them to the next choice.
+        """
+        self._fast_ar -= 1
+        if self._timed is not None:
+            self._timed_calls += 1
+        else:  # the call after a prompt call (which is no sample of a steady-state call)
+            self._timed, self._timed_calls = ("ar", time.perf_counter()), 1
+        self._ar_streak += 1
+        state.width = 1
+        return self._schedules["ar"].plan(state)
+
     def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
         """Let the planning schedule apply the result; learn from the verification and the new draft."""
+        if not plan.chain and self._current.kind == "ar":  # a plain AR call: nothing to learn, nothing stored
+            accepted = verify_planned_chain(state, plan, result).accepted
+            if state.drafts or state.scores:
+                state.set_drafts({}, {})
+            if self._offsets:
+                self._offsets = {}
+            self._since_refresh += 1
+            self._since_scan += 1
+            return accepted
         chain = [self._offsets.get(p) for p in plan.chain_positions]
         accepted = self._schedules[self._current.kind].update(state, plan, result)
         known = []
@@ -251,6 +293,7 @@ class AutoSchedule(Schedule):
         self._stats.start_request()
         self._offsets = {}
         self._current = None
+        self._fast_ar = 0
         self._last_label = None
         self._probe_left = 0
         self._judge_probe = False
@@ -300,16 +343,19 @@ class AutoSchedule(Schedule):
             self._judge_probe = False
             failed = chosen.kind == "ar"
             self._probe_after = min(2 * self._probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
-        if refreshed:
+        if refreshed and (self._estimates, chosen) != self._untried:  # else: asked already, nothing moved since
             trial = self._worth_trying(state, chosen)
             if trial is not None:
                 return self._start_probe(trial)
+            if self._times is None or self._times.seen(chosen.label):
+                self._untried = (self._estimates, chosen)
         if chosen.kind != "ar":
             self._ar_streak = 0
             return chosen
         self._ar_streak += 1
         drafting = self._candidate_lists(state.ctx.width)[1]
         if self._ar_streak < self._probe_after or not drafting:
+            self._fast_ar = self._plain_ar_calls(bool(drafting))
             return chosen
         self._ar_streak = 0
         self._judge_probe = True
@@ -317,6 +363,18 @@ class AutoSchedule(Schedule):
         # least extrapolated from what AR calls left unobserved, and its calls cost the least if it fails).
         top = max(drafting, key=lambda c: self.rates.get(c.label, 0.0))
         return self._start_probe(min((c for c in drafting if c.kind == top.kind), key=lambda c: c.width))
+
+    def _plain_ar_calls(self, probes: bool) -> int:
+        """How many of the next calls are plain AR calls whatever happens, after one chosen as such.
+
+        Until the next re-estimation (REFRESH_CALLS calls after the last) and the next probe (once the run of
+        AR calls reaches the wait), :meth:`_choose` picks plain AR calls again, and those calls change nothing
+        it reads: they check no draft.
+        """
+        calls = REFRESH_CALLS - 1 - self._since_refresh
+        if probes:
+            calls = min(calls, self._probe_after - 1 - self._ar_streak)
+        return max(calls, 0)
 
     def _start_probe(self, candidate: Candidate) -> Candidate:
         self._probe = candidate
@@ -360,16 +418,22 @@ class AutoSchedule(Schedule):
         """
         if self._chosen is not None and self._since_refresh < REFRESH_CALLS:
             return self._chosen
-        if self._chosen is not None and self._since_scan < FULL_SCAN_CALLS and self._learned == self._estimated:
-            self._since_refresh = 0  # no verification checked a draft since the last estimate: nothing new
-            return self._chosen
-        self._estimated = self._learned
+        context = state.start + len(state.tokens)  # positions the next calls' rows attend to, about
+        times = self._times.revision if self._times is not None else 0
+        if self._chosen is not None and self._learned == self._estimated and times == self._estimated_times:
+            # No verification checked a draft and no candidate's timing bias moved since the last estimate;
+            # only the context did. A neighbourhood scan would find what that one found, and a full scan is
+            # due only once the context has moved CONTEXT_STEP positions.
+            if self._since_scan < FULL_SCAN_CALLS or abs(context - self._estimated_context) < CONTEXT_STEP:
+                self._since_refresh = 0
+                return self._chosen
+        self._estimated, self._estimated_times, self._estimated_context = self._learned, times, context
+        self._estimates += 1
         candidates = self._candidate_lists(state.ctx.width)[0]
         if self._chosen is not None and self._since_scan < FULL_SCAN_CALLS:
             candidates = [c for c in candidates if _near(c, self._chosen)]
         else:
             self._since_scan = 0
-        context = state.start + len(state.tokens)  # positions the next calls' rows attend to, about
         q = self._stats.rates()
 
         def seconds(rows: int) -> float:
