@@ -39,6 +39,10 @@ class UnsafeWeightsError(CheckpointError):
     """A weight file holds pickled Python objects other than tensors, so it was not loaded (for safety)."""
 
 
+class NonFiniteWeightsError(CheckpointError):
+    """A weight holds NaN or infinite values (a damaged file, a diverged training run, or a dtype overflow)."""
+
+
 class PlanError(SpecframeError):
     """A mask builder cannot express a call plan (for example a non left-to-right order on Nemotron)."""
 

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from zoo_helpers import causal, run
 
-from specframe.errors import CheckpointError, ConfigError, InputError
+from specframe.errors import CheckpointError, ConfigError, InputError, NonFiniteWeightsError
 from specframe.models import load_model
 from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
 
@@ -208,3 +208,46 @@ def test_invalid_device(nemotron_dir):
 def test_unsupported_dtype(nemotron_dir, dtype):
     with pytest.raises(ConfigError, match="unsupported dtype"):
         load_model(nemotron_dir, dtype=dtype)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_weights_are_named_at_load(nemotron_copy, value):
+    name = "encoder.layers.1.mlp.down_proj.weight"
+
+    def poison(weights):
+        weights[name] = weights[name].clone()
+        weights[name][3, 5] = value
+
+    _edit_weights(nemotron_copy, poison)
+    kind = "1 NaN and 0 infinite" if value != value else "0 NaN and 1 infinite"
+    with pytest.raises(NonFiniteWeightsError, match=rf"weight\(s\) {name} \({kind} of \d+ values\).*damaged"):
+        load_model(nemotron_copy)
+
+
+def test_weights_that_overflow_the_requested_dtype_say_so(nemotron_copy):
+    name = "encoder.norm.weight"
+    _edit_weights(nemotron_copy, lambda w: w.update({name: torch.full_like(w[name], 1e6)}))
+    assert load_model(nemotron_copy).dtype == torch.float32  # finite in float32: loads
+    with pytest.raises(NonFiniteWeightsError, match=rf"{name} \(0 NaN and 64 infinite.*do not fit float16"):
+        load_model(nemotron_copy, dtype="float16")
+
+
+def test_a_large_but_finite_sum_is_not_an_error(nemotron_copy):
+    name = "encoder.norm.weight"  # 64 values of 6e4 fit float16, their sum (3.8e6) does not
+    _edit_weights(nemotron_copy, lambda w: w.update({name: torch.full_like(w[name], 6e4)}))
+    model = load_model(nemotron_copy, dtype="float16")
+    assert torch.isinf(model.network.body.norm.weight.sum()) and torch.isfinite(model.network.body.norm.weight).all()
+
+
+@pytest.mark.parametrize("saved", ["int8", "bfloat_16", "auto"])
+def test_an_unknown_saved_dtype_is_refused_on_the_cpu(nemotron_copy, saved):
+    _edit_config(nemotron_copy, torch_dtype=saved)
+    with pytest.raises(CheckpointError, match=f"config.json has torch_dtype '{saved}'.*--dtype"):
+        load_model(nemotron_copy)
+    assert load_model(nemotron_copy, dtype="float32").dtype == torch.float32  # an explicit dtype decides
+
+
+@pytest.mark.parametrize("saved", ["bfloat16", "torch.float16", "Float32"])
+def test_known_saved_dtypes_load(nemotron_copy, saved):
+    _edit_config(nemotron_copy, torch_dtype=saved)
+    assert load_model(nemotron_copy).dtype == torch.float32  # the CPU default

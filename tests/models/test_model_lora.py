@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 from zoo_helpers import causal, run
 
-from specframe.errors import CheckpointError, ConfigError
+from specframe.errors import CheckpointError, ConfigError, NonFiniteWeightsError
 from specframe.models import load_model
 
 PREFIX = [1, 40, 41, 42, 43, 44]
@@ -71,4 +71,20 @@ def test_adapter_errors(nemotron_dir, setdlm_dir, tmp_path):
     config = json.loads((nemotron_dir / "linear_spec_lora" / "adapter_config.json").read_text())
     (folder / "adapter_config.json").write_text(json.dumps({**config, "target_modules": ["q_proj", "o_proj"]}))
     with pytest.raises(CheckpointError, match="target_modules"):
+        load_model(nemotron_dir, adapter=folder)
+
+
+def test_an_adapter_with_nan_weights_is_named(nemotron_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    source = nemotron_dir / "linear_spec_lora"
+    folder = tmp_path / "nan"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text((source / "adapter_config.json").read_text())
+    tensors = load_file(str(source / "adapter_model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] = float("nan")
+    save_file(tensors, str(folder / "adapter_model.safetensors"))
+    with pytest.raises(NonFiniteWeightsError, match=rf"adapter in {folder}: weight\(s\) {name} \(1 NaN"):
         load_model(nemotron_dir, adapter=folder)

@@ -87,7 +87,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, saved: 
     if dtype is None:
         if device.type == "cpu" or saved is None:
             return torch.float32
-        dtype = DTYPES.get(saved.lower(), torch.float32)
+        dtype = DTYPES.get(saved.lower().removeprefix("torch."), torch.float32)
     if isinstance(dtype, str):
         key = dtype.lower().removeprefix("torch.")
         if key not in DTYPES:
@@ -99,6 +99,25 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, saved: 
     if dtype == torch.float64 and device.type == "mps":
         raise ConfigError("float64 is not supported on MPS; use float32 or run on the CPU")
     return dtype
+
+
+def check_saved_dtype(saved: str | None, folder: os.PathLike[str]) -> None:
+    """Refuse a ``torch_dtype`` in config.json that names no dtype specframe runs in.
+
+    The saved dtype is the default on accelerators, and it says what the weights are; an unknown name (a typo,
+    or a quantized format such as ``int8``) is reported on every device rather than replaced by float32.
+    An explicit ``dtype`` skips this check: then the saved one is not used.
+
+    Raises:
+        CheckpointError: Naming the file, the value and the two ways out.
+    """
+    if saved is None or saved.lower().removeprefix("torch.") in DTYPES:
+        return
+    raise CheckpointError(
+        f"{folder}/config.json has torch_dtype {saved!r}, which is not a dtype specframe runs models in "
+        "(float32, bfloat16, float16, float64; quantized checkpoints are not supported); fix the value in "
+        "config.json, or choose the dtype yourself with dtype=... (--dtype)"
+    )
 
 
 @dataclass(frozen=True)
@@ -172,7 +191,10 @@ def load_model(
                 "command line)"
             )
         options["adapter"] = adapter
-    resolved_dtype = resolve_dtype(dtype, resolved_device, checkpoint_dtype(config))
+    saved = checkpoint_dtype(config)
+    if dtype is None:
+        check_saved_dtype(saved, folder)
+    resolved_dtype = resolve_dtype(dtype, resolved_device, saved)
     name = os.fspath(source) if source is not None else str(folder)
     checkpoint = Checkpoint(folder, config, name, resolved_device, resolved_dtype)
     origin = f"model family {entry.name!r} (plugin {entry.plugin!r}, distribution {entry.distribution!r})"

@@ -19,7 +19,7 @@ from specframe.errors import CheckpointError
 from specframe.models.config_json import Fields, read_json
 from specframe.models.layers import LowRankUpdate
 from specframe.models.transformer import DecoderNetwork
-from specframe.models.weights import freeze, open_weights
+from specframe.models.weights import FiniteCheck, freeze, open_weights
 
 SUPPORTED_TARGETS = ("o_proj",)
 
@@ -96,11 +96,15 @@ def attach_lora(
             problems.append(f"no o_proj LoRA tensors under base_model.model.{module_prefix}.layers")
         if problems:
             raise CheckpointError(f"adapter in {folder} does not fit the model: " + "; ".join(problems))
+        finite = FiniteCheck(source, f"adapter in {folder}")
+        names = [name for pair in found.values() for name in pair.values()]
+        loaded = {name: finite.add(name, source.load(name).to(device=device, dtype=dtype)) for name in names}
+        finite.check()
         for index, pair in found.items():
             attn = layers[index].self_attn
             with torch.device("meta"):
                 update = LowRankUpdate(attn.o_proj.in_features, attn.o_proj.out_features, rank, scale)
-            tensors = {f"lora_{h}": source.load(n).to(device=device, dtype=dtype) for h, n in pair.items()}
+            tensors = {f"lora_{h}": loaded[n] for h, n in pair.items()}
             update.load_state_dict(tensors, strict=True, assign=True)
             freeze(update.parameters())
             attn.o_lora = update

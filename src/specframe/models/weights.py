@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from specframe.errors import CheckpointError, UnsafeWeightsError
+from specframe.errors import CheckpointError, NonFiniteWeightsError, UnsafeWeightsError
 
 _CORRUPT_HINT = (
     "it is probably truncated or corrupted: delete it (for a Hub download, the cached snapshot in the "
@@ -289,8 +289,10 @@ def load_state(
     Raises:
         CheckpointError: If names or shapes do not match, a tensor cannot be read, or a weight is not
             floating point (integer weights would be converted into nonsense).
+        NonFiniteWeightsError: If a weight holds NaN or infinite values once loaded (see :class:`FiniteCheck`).
     """
     mapping = match_names(module, source, layout, where=where)
+    finite = FiniteCheck(source, where)
     state = {}
     for target, checkpoint_name in mapping.items():
         tensor = source.load(checkpoint_name)
@@ -299,9 +301,73 @@ def load_state(
                 f"{where}: weight {checkpoint_name} holds {tensor.dtype} values, not floating-point ones; quantized "
                 "or damaged checkpoints are not supported: use the published bfloat16/float16/float32 weights"
             )
-        state[target] = tensor.to(device=device, dtype=dtype)
+        state[target] = finite.add(checkpoint_name, tensor.to(device=device, dtype=dtype))
+    finite.check()
     module.load_state_dict(state, strict=True, assign=True)
     freeze(module.parameters())
+
+
+class FiniteCheck:
+    """Refuses weights holding NaN or infinite values, naming each such tensor.
+
+    A damaged file, or a checkpoint saved after training diverged, decodes junk without any other sign; so
+    does a float32 weight whose values overflow float16 when loaded with ``dtype="float16"``. :meth:`add` sums
+    each tensor as it is loaded (a NaN or an infinity makes the sum non-finite; summing at once reads a
+    tensor that is still in the CPU's caches), and :meth:`check` reads all sums back in one host sync. Only a
+    tensor whose sum is not finite is scanned element by element, so a sum that merely overflows is no error.
+
+    Args:
+        source: Where the tensors are read from (to tell a damaged file from a dtype overflow).
+        where: How to name the checkpoint in messages.
+    """
+
+    def __init__(self, source: TensorSource, where: str) -> None:
+        self.source = source
+        self.where = where
+        self._tensors: dict[str, torch.Tensor] = {}
+        self._sums: list[torch.Tensor] = []
+
+    def add(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """Record checkpoint tensor ``name`` as loaded (on its device, in its dtype); returns it."""
+        self._tensors[name] = tensor
+        self._sums.append(tensor.sum().to(torch.float32))
+        return tensor
+
+    def check(self) -> None:
+        """Raise if any recorded tensor holds NaN or infinite values.
+
+        Raises:
+            NonFiniteWeightsError: Naming the tensors, how many values are NaN or infinite, and what to do.
+        """
+        if not self._sums:
+            return
+        finite = torch.isfinite(torch.stack(self._sums)).tolist()
+        bad, overflowed = [], []
+        for (name, tensor), ok in zip(self._tensors.items(), finite, strict=True):
+            if ok:
+                continue
+            nan = int(torch.isnan(tensor).sum())
+            inf = int(torch.isinf(tensor).sum())
+            if not nan and not inf:
+                continue  # the sum overflowed, the values are fine
+            stored = self.source.load(name)
+            if stored.dtype != tensor.dtype and bool(torch.isfinite(stored).all()):
+                overflowed.append(name)
+            bad.append(f"{name} ({nan} NaN and {inf} infinite of {tensor.numel()} values)")
+        if not bad:
+            return
+        if len(overflowed) == len(bad):
+            dtype = str(next(iter(self._tensors.values())).dtype).removeprefix("torch.")
+            advice = (
+                f"the values in the file are finite but do not fit {dtype}: load the model in bfloat16 or "
+                "float32 (dtype= / --dtype)"
+            )
+        else:
+            advice = (
+                "the weight file is damaged or the checkpoint was saved after training diverged: download it "
+                "again (for a Hub model, delete its cached snapshot), or use an earlier checkpoint"
+            )
+        raise NonFiniteWeightsError(f"{self.where}: weight(s) {_listing(bad)} hold NaN or infinite values; {advice}")
 
 
 def freeze(parameters: Iterable[nn.Parameter]) -> None:
