@@ -61,7 +61,7 @@ def generate(model, schedule, prompt, length, *, width=4, order="ltr", acceptanc
             "schedule": schedule,
             "order": order,
             "acceptance": acceptance,
-            "width": width,
+            "width": "auto" if schedule == "ar" else width,  # ar takes no width
             "max_new_tokens": length,
             "stop": [list(s) for s in stop],
             "seed": seed,

@@ -472,3 +472,34 @@ def test_integer_weights_are_refused_not_converted(tmp_path):
     save_file({**tensors, name: tensors[name].to(torch.int32)}, folder / "model.safetensors")
     with pytest.raises(CheckpointError, match=f"weight {name} holds torch.int32 values, not floating-point"):
         load_model(folder)
+
+
+@pytest.mark.parametrize("width", [2, 8])
+def test_a_width_for_ar_is_refused_not_ignored(model, width):
+    with pytest.raises(ConfigError, match=f"schedule 'ar' takes no width.*width {width} would be ignored"):
+        compose({"model": model, "schedule": "ar", "width": width})
+
+
+@pytest.mark.parametrize("width", ["auto", 1])
+def test_ar_takes_auto_or_its_own_width_of_one(model, width):
+    decoder = compose({"model": model, "schedule": "ar", "width": width, "max_new_tokens": 4})
+    assert decoder.width == 1  # one-token windows: no cache rows reserved for a draft
+    assert decoder.generate(prompt_ids=[1, 2, 3]).metrics.rows_per_call[1:] == [1, 1, 1]
+
+
+def test_a_plugin_schedule_can_declare_that_it_takes_no_width(model):
+    from specframe.schedules.ar import ARSchedule
+
+    class Plain(ARSchedule):
+        name = "plain-ar"
+
+    class Plugin:
+        @hookimpl
+        def register_schedules(self, register):
+            register("plain-ar", Plain)
+
+    with plugin_registered(Plugin(), "widthless_schedule"):
+        with pytest.raises(ConfigError, match="schedule 'plain-ar' takes no width"):
+            compose({"model": model, "schedule": "plain-ar", "width": 3})
+        Plain.takes_width = True
+        assert compose({"model": model, "schedule": "plain-ar", "width": 3}).width == 3

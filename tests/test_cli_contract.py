@@ -39,9 +39,10 @@ def test_plugins_prints_every_builtin_as_json(capsys):
 @pytest.mark.parametrize(("family", "order"), [("nemotron", "ltr"), ("setdlm", "ltr"), ("setdlm", "confidence")])
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed", "native"])
 def test_generate_json_contract(capsys, checkpoints, family, order, schedule):
+    width = [] if schedule == "ar" else ["--width", "3"]  # ar takes no width
     code, out, err = _run(
         capsys, "generate", "def f(x):", "--model", checkpoints[family], "--schedule", schedule,
-        "--order", order, "--width", "3", "--max-new-tokens", "6", "--json",
+        "--order", order, *width, "--max-new-tokens", "6", "--json",
     )  # fmt: skip
     assert code == 0, err
     result = json.loads(out)
@@ -70,6 +71,7 @@ def test_generate_with_prompt_ids_sampling_and_confidence_order(capsys, checkpoi
     [
         (["--schedule", "pakced"], "unknown schedule 'pakced'; known schedules:"),
         (["--width", "0"], "width must be >= 1"),
+        (["--schedule", "ar", "--width", "4"], "schedule 'ar' takes no width: it verifies one token per call"),
         (["--order", "confidence"], "verifies left to right only"),
         (["--acceptance", "greedy", "--temperature", "1"], "greedy acceptance takes no options"),
         (["--threshold", "0.9"], "schedule 'packed' does not take option(s) 'threshold'"),
@@ -166,3 +168,34 @@ def test_a_malformed_command_line_is_one_line_naming_the_help(capsys, args, mess
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
     assert message in err and "usage:" not in err
+
+
+def test_the_summary_line_says_what_planned_the_calls_when_it_was_chosen_per_call():
+    from specframe.cli import summary_line
+    from specframe.metrics import Metrics
+
+    m = Metrics(nfe=5, generated_tokens=6, wall_s=0.5, model_s=0.4)
+    m.choices = [("ar", 0), ("packed/w2", 2), ("ar", 0), ("ar", 0), ("packed/w2", 2)]
+    line = summary_line("packed", m)
+    assert line == "[packed] 6 tokens, 5 NFE, 1.20 tokens/NFE, 0.500 s (20% non-model); calls: 3 ar, 2 packed/w2"
+    m.choices = [("packed", 4)] * 5  # a fixed width: nothing to add
+    assert summary_line("packed", m).endswith("(20% non-model)")
+
+
+def test_generate_prints_the_summary_line(capsys, checkpoints):
+    code, out, err = _run(
+        capsys, "generate", "def f(x):", "--model", checkpoints["nemotron"], "--schedule", "packed", "--width", "2",
+        "--max-new-tokens", "6",
+    )  # fmt: skip
+    assert code == 0 and out.endswith("\n")
+    assert err.startswith("[packed] 6 tokens, ") and err.rstrip().endswith("non-model)"), err
+
+
+def test_generate_without_a_tokenizer_prints_the_output_ids(capsys, tmp_path):
+    folder = str(write_random_checkpoint("setdlm", tmp_path / "bare", seed=2, tokenizer=False))
+    args = ["generate", "--prompt-ids", "5,6,7", "--model", folder, "--schedule", "ar", "--max-new-tokens", "4"]
+    code, out, err = _run(capsys, *args)
+    assert code == 0, err
+    _, as_json, _ = _run(capsys, *args, "--json")
+    assert out.strip() == ",".join(map(str, json.loads(as_json)["output_ids"]))  # not an empty line
+    assert "has no tokenizer, so these are the output token ids" in err

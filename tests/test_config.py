@@ -51,7 +51,7 @@ def test_bad_values_are_named(models, overrides, message):
 def test_unknown_plugins_list_the_known_ones(models):
     with pytest.raises(UnknownPluginError, match=r"unknown schedule 'pakced'; known schedules: .*packed"):
         compose({"model": models[NEMOTRON], "schedule": "pakced"})
-    with pytest.raises(UnknownPluginError, match=r"unknown order policy 'random'; known order policys?: .*ltr"):
+    with pytest.raises(UnknownPluginError, match=r"unknown order policy 'random'; known order policies: .*ltr"):
         compose({"model": models[SETDLM], "order": "random"})
     with pytest.raises(UnknownPluginError, match="unknown acceptance rule 'typical'"):
         compose({"model": models[SETDLM], "acceptance": "typical"})

@@ -64,7 +64,7 @@ def _pvalue(model, schedule, acceptance, warp: str, *, first_seed: int = 0, widt
             "model": model,
             "schedule": schedule if isinstance(schedule, (str, dict)) else "packed",
             "acceptance": acceptance if isinstance(acceptance, (str, dict)) else "rejection",
-            "width": width,
+            "width": "auto" if schedule == "ar" else width,  # ar takes no width
             "max_new_tokens": LENGTH,
         }
     )

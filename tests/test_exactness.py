@@ -142,7 +142,7 @@ def test_any_order_verification_matches_the_serial_reference(models, schedule, o
                 "model": model,
                 "schedule": schedule,
                 "order": order,
-                "width": width,
+                "width": "auto" if schedule == "ar" else width,  # ar takes no width
                 "max_new_tokens": length,
                 "cost": SYNTHETIC_COST,
             }
@@ -215,7 +215,8 @@ def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
 def test_update_returns_the_accepted_drafts_of_its_call(models, family, schedule):
     """``Schedule.update`` reports the draft tokens it accepted, which is what the decoder keeps cached."""
     # A fixed cost model: with the machine's own, "auto" may pick plain AR calls and accept no drafts.
-    config = {"model": models[family], "schedule": schedule, "width": 4, "max_new_tokens": 16, "cost": SYNTHETIC_COST}
+    config = {"model": models[family], "schedule": schedule, "max_new_tokens": 16, "cost": SYNTHETIC_COST}
+    config["width"] = "auto" if schedule == "ar" else 4  # ar takes no width
     decoder = compose(config)
     update = decoder.schedule.update
     seen = []

@@ -30,6 +30,7 @@ def models(tmp_path_factory):
 
 def _decoder(model, schedule, *, order="ltr", acceptance="greedy", width=4, length=40):
     config = {"model": model, "schedule": schedule, "order": order, "acceptance": acceptance}
+    width = "auto" if schedule == "ar" else width  # ar takes no width
     return compose({**config, "width": width, "max_new_tokens": length, "seed": 0})
 
 

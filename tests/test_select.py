@@ -212,7 +212,8 @@ def test_host_ops_per_call_stay_within_budget(nemotron, schedule, acceptance, bu
     Steady state: templates are built by a first request, the count is taken over a second one.
     """
     decoder = compose(
-        {"model": nemotron, "schedule": schedule, "width": 8, "acceptance": acceptance, "max_new_tokens": 48}
+        {"model": nemotron, "schedule": schedule, "acceptance": acceptance, "max_new_tokens": 48}
+        | {"width": "auto" if schedule == "ar" else 8}  # ar takes no width
     )
     generator = torch.Generator().manual_seed(0)
     logits = [torch.randn(rows, nemotron.vocab_size, generator=generator) for rows in range(64)]

@@ -34,7 +34,8 @@ def _pieces(decoder, **request):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("acceptance", ["greedy", {"name": "rejection", "temperature": 1.0}])
 def test_stream_changes_no_token(models, family, schedule, acceptance):
-    config = {"model": models[family], "schedule": schedule, "acceptance": acceptance, "width": 4, "max_new_tokens": 20}
+    config = {"model": models[family], "schedule": schedule, "acceptance": acceptance, "max_new_tokens": 20}
+    config["width"] = "auto" if schedule == "ar" else 4  # ar takes no width
     for seed in range(3):
         expected = compose(config).generate("def f(x):", seed=seed)
         pieces = _pieces(compose(config), prompt="def f(x):", seed=seed)

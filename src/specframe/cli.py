@@ -333,19 +333,37 @@ def run_generate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(decoder.generate(prompt, prompt_ids=prompt_ids).to_dict()))
         return 0
+    if decoder.model.tokenizer is None:  # no text to write: the ids, rather than an empty line
+        result = decoder.generate(prompt, prompt_ids=prompt_ids)
+        print(",".join(map(str, result.output_ids)))
+        note = f"note: model {decoder.model.name!r} has no tokenizer, so these are the output token ids"
+        print(note, file=sys.stderr)
+        print(summary_line(decoder.schedule.name, result.metrics), file=sys.stderr)
+        return 0
     for piece in decoder.stream(prompt, prompt_ids=prompt_ids):  # text appears as tokens are accepted
         sys.stdout.write(piece.text)
         sys.stdout.flush()
         result = piece.generation
     sys.stdout.write("\n")
-    m = result.metrics
-    share = m.non_model_s / max(m.wall_s, 1e-9)
-    print(
-        f"[{decoder.schedule.name}] {m.generated_tokens} tokens, {m.nfe} NFE, "
-        f"{m.tokens_per_nfe:.2f} tokens/NFE, {m.wall_s:.3f} s ({share:.0%} non-model)",
-        file=sys.stderr,
-    )
+    print(summary_line(decoder.schedule.name, result.metrics), file=sys.stderr)
     return 0
+
+
+def summary_line(schedule: str, m: Any) -> str:
+    """``generate``'s one-line summary of a request's :class:`~specframe.metrics.Metrics`.
+
+    When the calls were planned by more than the schedule itself (``width: "auto"``, ``schedule: "auto"``),
+    the line ends with what planned them, most frequent first: ``calls: 240 ar, 13 packed/w2``.
+    """
+    share = m.non_model_s / max(m.wall_s, 1e-9)
+    line = (
+        f"[{schedule}] {m.generated_tokens} tokens, {m.nfe} NFE, {m.tokens_per_nfe:.2f} tokens/NFE, "
+        f"{m.wall_s:.3f} s ({share:.0%} non-model)"
+    )
+    chosen = m.schedule_histogram()
+    if set(chosen) - {schedule}:
+        line += "; calls: " + ", ".join(f"{count} {label}" for label, count in chosen.items())
+    return line
 
 
 def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None]:

@@ -34,6 +34,7 @@ from specframe.decoder import Decoder, seed_problem
 from specframe.errors import ConfigError, PluginError, SpecframeError
 from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
+from specframe.models.hub import model_display_name
 from specframe.models.threads import apply_threads, check_threads
 from specframe.models.tokenizer import unicode_problem
 from specframe.orders.base import OrderPolicy
@@ -63,7 +64,8 @@ class DecoderConfig:
             ``top_k``, ``top_p``).
         width: Speculative width W >= 1 (Nemotron's block size is W + 1), or ``"auto"``: ``packed``,
             ``linear``, ``quadratic``, ``kbranch`` and ``auto`` then choose the width of every call from the
-            machine's cost model (``packed`` also falls back to plain AR calls); other schedules use 8.
+            machine's cost model (``packed`` also falls back to plain AR calls); other schedules use 8. ``ar``
+            takes no width: leave it at ``"auto"`` (a width other than 1 is an error, not ignored).
         max_new_tokens: Output length limit L >= 1.
         seed: Seed of the sampling generator; ``None`` draws a fresh seed per request.
         device: Device to load the model on (``"cpu"``, ``"cuda"``, ``"cuda:1"``...); default CPU.
@@ -273,7 +275,9 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     schedule_name, schedule_options = plugin_spec("schedule", cfg.schedule)
     schedule = build_plugin(registry.get("schedule", schedule_name, family=model.family), "schedule", schedule_options)
     schedule.name = schedule.name or schedule_name
-    schedule, width = choice_setup.resolve(cfg.width, cfg.cost, schedule, schedule_name, model, builder, order, rule)
+    check_schedule_width(cfg.width, schedule)
+    asked = cfg.width if getattr(schedule, "takes_width", True) else 1  # ar: a one-token window, a small cache
+    schedule, width = choice_setup.resolve(asked, cfg.cost, schedule, schedule_name, model, builder, order, rule)
     return Decoder(
         model,
         builder,
@@ -297,9 +301,26 @@ def check_width(width: int, model: ModelBackend) -> None:
     context = model.max_positions + 1
     if width > context:
         raise ConfigError(
-            f"width {width} exceeds the context of model {model.name!r} ({context} positions): a window can never "
-            f"be wider than that; use a width <= {context} (speculative widths are typically 4-32)"
+            f"width {width} exceeds the context of model {model_display_name(model.name)!r} ({context} positions): "
+            f"a window can never be wider than that; use a width <= {context} (speculative widths are typically 4-32)"
         )
+
+
+def check_schedule_width(width: int | str, schedule: Schedule) -> None:
+    """Refuse a width for a schedule that takes none (``ar``) instead of ignoring it.
+
+    ``"auto"`` (the default) and 1 (what such a schedule's calls verify) pass.
+
+    Raises:
+        ConfigError: Naming the schedule and the width, and what to do instead.
+    """
+    if width in ("auto", 1) or getattr(schedule, "takes_width", True):
+        return
+    raise ConfigError(
+        f"schedule {schedule.name!r} takes no width: it verifies one token per call, so width {width} would be "
+        "ignored; drop the width (--width), or pick a speculative schedule (packed, linear, quadratic, kbranch) "
+        f"to draft {width} tokens per call"
+    )
 
 
 def _fields(cfg: DecoderConfig) -> dict[str, Any]:

@@ -175,7 +175,8 @@ class Registry:
                     f"{', '.join(map(repr, others))}, not {family!r}"
                 )
             hint = self._failure_hint()
-            raise UnknownPluginError(f"unknown {label} {name!r}; known {label}s: {known}{hint}")
+            plural = label[:-1] + "ies" if label.endswith("y") else label + "s"
+            raise UnknownPluginError(f"unknown {label} {name!r}; known {plural}: {known}{hint}")
         if len(group) > 1:
             owners = " and ".join(f"plugin {e.plugin!r} (distribution {e.distribution!r})" for e in group)
             raise DuplicatePluginError(

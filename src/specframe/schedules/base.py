@@ -24,6 +24,10 @@ class Schedule(ABC):
     #: Registered name (for metrics and error messages).
     name: str = ""
 
+    #: Whether the decoder's width W means anything to this schedule. ``compose`` refuses a width other than
+    #: ``"auto"`` (or 1) for a schedule that sets this to False, such as ``ar``, rather than ignore it.
+    takes_width: bool = True
+
     @abstractmethod
     def plan(self, state: DecodeState) -> CallPlan:
         """The next call to make (only called while ``state.done`` is False)."""
