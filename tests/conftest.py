@@ -5,6 +5,7 @@ import pathlib
 import sys
 import tempfile
 
+import pytest
 import torch
 
 # Entry-point plugins installed in this environment must not leak into tests; tests that exercise
@@ -20,3 +21,29 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 # The test models are tiny: one thread avoids oversubscribing small CI machines (and is faster here).
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """The Hub is unreachable (a closed local port), and offline mode is not set: a machine without network.
+
+    Returns the ``local_files_only`` argument of every ``hf_hub_download`` and ``snapshot_download`` call made.
+    """
+    import huggingface_hub
+
+    for name in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # as read when first imported
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    calls = []
+
+    def recorded(real):
+        def call(*args, **kwargs):
+            calls.append(kwargs.get("local_files_only"))
+            return real(*args, **kwargs)
+
+        return call
+
+    for name in ("hf_hub_download", "snapshot_download"):
+        monkeypatch.setattr(huggingface_hub, name, recorded(getattr(huggingface_hub, name)))
+    return calls

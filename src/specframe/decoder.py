@@ -36,6 +36,15 @@ from specframe.streaming import IncrementalText
 MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
 
 
+def fits_context(prompt_tokens: int, max_new_tokens: int, model: ModelBackend) -> bool:
+    """Whether a prompt of ``prompt_tokens`` tokens plus ``max_new_tokens`` output tokens fit ``model``'s context.
+
+    The last output token is never fed back, so ``prompt_tokens + max_new_tokens - 1`` positions are needed of
+    the ``model.max_positions + 1`` the model has.
+    """
+    return prompt_tokens + max_new_tokens - 1 <= model.max_positions
+
+
 def seed_problem(seed: Any) -> str | None:
     """What is wrong with a seed (``None`` when it is a valid one: an integer in ``[0, 2**64 - 1]``)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
@@ -205,7 +214,7 @@ class Decoder:
         limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
             raise InputError(f"max_new_tokens must be an integer >= 1, got {limit!r}")
-        if len(ids) + limit - 1 > self.model.max_positions:
+        if not fits_context(len(ids), limit, self.model):
             raise InputError(
                 f"prompt of {len(ids)} tokens plus max_new_tokens={limit} exceeds the model's context of "
                 f"{self.model.max_positions + 1} positions; shorten the prompt or lower max_new_tokens"

@@ -149,3 +149,14 @@ def test_a_missing_bench_extra_is_named_before_anything_runs(tmp_path, capsys, m
     err = capsys.readouterr().err
     assert "specframe bench needs tqdm, which is not installed" in err and "pip install 'specframe[bench]'" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_max_new_tokens_zero_is_refused_not_replaced_by_the_task_cap():
+    import pytest
+
+    from specframe.errors import ConfigError
+
+    assert parsed().max_new_tokens == 128  # no --max-new-tokens: the smoke task's own cap
+    for value in ("0", "-3"):
+        with pytest.raises(ConfigError, match=f"--max-new-tokens must be >= 1, got {value}"):
+            parsed("--max-new-tokens", value).validate()

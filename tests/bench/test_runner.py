@@ -7,7 +7,7 @@ from specframe.bench import BenchSettings, merge_runs, run_bench
 from specframe.bench.records import read_records, record_key
 from specframe.bench.runner import select_examples, turn_order
 from specframe.bench.settings import Method
-from specframe.errors import SpecframeError
+from specframe.errors import InputError, SpecframeError
 
 
 def settings(**overrides):
@@ -199,3 +199,30 @@ def test_automatic_widths_are_methods_with_their_choices_and_cost_model_reported
     assert "packed/wauto" in report
     again, _ = run(tmp_path, tiny_setdlm, schedules=["ar", "packed", "auto"], widths=["auto", 2])
     assert again["cost_model"] == cost  # a resumed run reports the cost model the responses were made with
+
+
+def test_prompts_too_long_for_the_context_fail_before_the_first_prompt(tmp_path, tiny_setdlm):
+    context = tiny_setdlm.max_positions + 1
+    fits = "def f(x):"
+    long = " ".join(["x"] * context)  # far more tokens than the context
+    task_file = tmp_path / "prompts.jsonl"
+    task_file.write_text("".join(json.dumps({"id": n, "prompt": p}) + "\n" for n, p in [("a", fits), ("b", long)]))
+    out = tmp_path / "out"
+    with pytest.raises(InputError) as info:
+        run(out, tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=4)
+    message = str(info.value)
+    tokens = len(tiny_setdlm.encode_prompt(long))
+    assert "1 of 2 prompt(s) do not fit the context of model" in message and f"({context} positions)" in message
+    assert f"prompt 1 (b) has {tokens} tokens; nothing was run" in message and "prompt 0" not in message
+    assert not (out / "records.jsonl").exists() and not (out / "run.json").exists()
+
+    words = context
+    while len(tiny_setdlm.encode_prompt(" ".join(["x"] * words))) > context - 10:
+        words -= 5
+    near = " ".join(["x"] * words)  # fits with a short output only
+    task_file.write_text(json.dumps({"id": "c", "prompt": near}) + "\n")
+    cap = context - len(tiny_setdlm.encode_prompt(near))
+    with pytest.raises(InputError, match=f"Lower --max-new-tokens to {cap} or less"):
+        run(tmp_path / "out2", tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=cap + 1)
+    summary, _ = run(tmp_path / "out3", tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=cap)
+    assert summary["prompts"] == 1

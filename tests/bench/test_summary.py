@@ -137,3 +137,18 @@ def test_settings_methods_and_baseline_defaults():
     with pytest.raises(Exception, match="--baseline linear"):
         bad.validate()
     assert settings.seed_for(2, 3) == 2003 and settings.seed_for(0, 0) == 0
+
+
+@pytest.mark.parametrize(
+    ("graded", "expected"),
+    [
+        (0, "acc %: - (the task has no grader)"),
+        (6, "acc %: graded responses that pass (6 of 12 per method graded, the rest speed-only)"),
+        (12, "acc %: responses that pass the task's grader"),
+    ],
+)
+def test_the_report_says_how_many_responses_acc_is_over(graded, expected):
+    from specframe.bench.report import legend
+
+    text = legend({"methods": [{"method": "ar", "responses": 12, "graded": graded}]})
+    assert expected in text.splitlines() and "non-model: decoder time outside model calls" in text

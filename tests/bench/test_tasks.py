@@ -135,3 +135,24 @@ def test_digest_changes_with_the_prompts(tmp_path):
     examples = task.load()
     assert digest(examples) == digest(task.load())
     assert digest(examples) != digest(examples[:-1])
+
+
+def test_without_network_a_hub_task_fails_at_once_naming_the_cause(tmp_path, monkeypatch, no_network):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(SpecframeError) as info:
+        get_task("mbpp").load()
+    message = str(info.value)
+    assert "not in the Hugging Face cache, and the Hub at 127.0.0.1 cannot be reached" in message
+    assert "--task-file" in message
+    assert no_network == [True]  # the cache only: no request that huggingface_hub would retry for 30 s
+
+
+def test_without_network_a_cached_hub_task_loads(tmp_path, monkeypatch, no_network):
+    task = get_task("mbpp")
+    repo = tmp_path / "cache" / f"datasets--{task.hub.repo_id.replace('/', '--')}"
+    (repo / "snapshots" / task.hub.revision).mkdir(parents=True)
+    row = {"task_id": 2, "prompt": "Write add(a, b).", "test_list": ["assert add(1, 2) == 3"]}
+    (repo / "snapshots" / task.hub.revision / task.hub.filename).write_text(json.dumps(row) + "\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    [example] = task.load()
+    assert "Write add(a, b)." in example.prompt and no_network == [True]

@@ -184,3 +184,14 @@ def test_script_writes_loadable_checkpoints(tmp_path):
     namespace["main"]([str(tmp_path), "--lora-rank", "2", "--shards", "2", "--set", "num_hidden_layers=3"])
     assert load_model(tmp_path / NEMOTRON, adapter=True).num_layers == 3
     assert load_model(tmp_path / SETDLM).num_layers == 3
+
+
+def test_without_network_a_cached_repo_loads_and_a_missing_one_fails_at_once(
+    tmp_path, monkeypatch, nemotron_dir, no_network
+):
+    cache = _hub_cache(tmp_path, nemotron_dir, "specframe-test/tiny", "0123456789abcdef0123456789abcdef01234567")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    assert load_model("specframe-test/tiny").family == NEMOTRON  # from the cache, as offline mode would
+    with pytest.raises(CheckpointError, match="not in the Hugging Face cache.*Hub at 127.0.0.1 cannot be reached"):
+        load_model("specframe-test/absent")
+    assert no_network == [True, True]  # the cache only: no request that huggingface_hub would retry for 30 s

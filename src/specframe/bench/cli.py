@@ -106,7 +106,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         order=args.order,
         acceptance=config["acceptance"],
         threshold=args.threshold,
-        max_new_tokens=args.max_new_tokens or task.max_new_tokens,
+        max_new_tokens=task.max_new_tokens if args.max_new_tokens is None else args.max_new_tokens,  # 0 is refused
         repeats=repeats,
         seed=args.seed,
         dtype=args.dtype,

@@ -92,15 +92,31 @@ def format_report(summary: Mapping[str, Any], title: str = "") -> str:
     head = f"{title}{summary['prompts']} prompts x {summary.get('repeats', 1)} response(s) per method"
     if summary.get("incomplete_prompts"):
         head += f" ({summary['incomplete_prompts']} incomplete prompt(s) left out)"
-    parts = [head, "", method_table(summary)]
+    parts = [head, "", method_table(summary), "", legend(summary)]
     if summary["comparisons"]:
         parts += [
             "",
             f"paired {boot.get('confidence', 0.95):.0%} bootstrap intervals over prompts "
-            f"({boot.get('resamples', 0):,} resamples); baseline: {summary['baseline']}",
+            f"({boot.get('resamples', 0):,} resamples); baseline: {summary['baseline']} (--baseline sets it)",
             comparison_table(summary),
         ]
     return "\n".join(parts)
+
+
+def legend(summary: Mapping[str, Any]) -> str:
+    """What the less obvious columns of the method table mean, and how many responses ``acc %`` is over."""
+    methods = summary.get("methods") or [{}]
+    graded, responses = methods[0].get("graded", 0), methods[0].get("responses", 0)
+    if not graded:
+        accuracy = "acc %: - (the task has no grader)"
+    elif graded < responses:
+        accuracy = f"acc %: graded responses that pass ({graded} of {responses} per method graded, the rest speed-only)"
+    else:
+        accuracy = "acc %: responses that pass the task's grader"
+    return (
+        "non-model: decoder time outside model calls; rows max: the widest call; accept len: tokens per verified "
+        f"draft\n{accuracy}\n(every column: docs/user-guide/cli.md, 'Reading the report')"
+    )
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -28,9 +28,10 @@ from specframe.bench.records import (
 )
 from specframe.bench.settings import MAX_REPEATS, BenchSettings, Method
 from specframe.bench.tasks import Example, Task, digest, get_task
-from specframe.decoder import Decoder, Generation, seed_problem
+from specframe.decoder import Decoder, Generation, fits_context, seed_problem
 from specframe.errors import ConfigError, InputError, SpecframeError
 from specframe.models.base import ModelBackend
+from specframe.models.hub import model_display_name
 from specframe.specs import parse_spec
 
 
@@ -188,6 +189,7 @@ def run_bench(
             log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
         model = model if model is not None else _load_model(settings)
         decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
+        check_prompt_lengths(model, settings, list({ex.index: ex for ex, _, _ in todo}.values()))
         run = {
             "settings": settings.to_dict(),
             "model": model.describe(),
@@ -207,6 +209,32 @@ def run_bench(
     else:
         log(f"{folder}: all {len(done)} responses already stored; nothing to run")
     return write_report(folder, settings, records, run, plots=plots)
+
+
+def check_prompt_lengths(model: ModelBackend, settings: BenchSettings, examples: list[Example]) -> None:
+    """Refuse a run in which some prompt plus ``--max-new-tokens`` does not fit the model, before any prompt runs.
+
+    Raises:
+        InputError: Naming the prompts that do not fit (index, id and length), the model's context, and what to
+            change.
+    """
+    limit = settings.max_new_tokens
+    lengths = {ex.index: len(model.encode_prompt(settings.prompt_text(ex.prompt))) for ex in examples}
+    long = [ex for ex in examples if not fits_context(lengths[ex.index], limit, model)]
+    if not long:
+        return
+    context = model.max_positions + 1
+    shown = ", ".join(f"prompt {ex.index} ({ex.id}) has {lengths[ex.index]} tokens" for ex in long[:5])
+    more = f" and {len(long) - 5} more" if len(long) > 5 else ""
+    longest = max(lengths[ex.index] for ex in long)
+    cap = model.max_positions - longest + 1  # the largest limit fits_context accepts
+    leave = "leave those prompts out (--limit, or a --task-file without them)"
+    fix = f"Lower --max-new-tokens to {cap} or less, or {leave}" if cap >= 1 else leave.capitalize()
+    raise InputError(
+        f"{len(long)} of {len(examples)} prompt(s) do not fit the context of model "
+        f"{model_display_name(model.name)!r} ({context} positions) with --max-new-tokens {limit}: {shown}{more}; "
+        f"nothing was run. {fix}"
+    )
 
 
 def _load_model(settings: BenchSettings) -> ModelBackend:

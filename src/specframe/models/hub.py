@@ -89,6 +89,38 @@ def hub_offline() -> bool:
     return value.upper() in _TRUE if value is not None else bool(constants.HF_HUB_OFFLINE)
 
 
+#: Seconds to wait for a TCP connection to the Hub before treating it as unreachable.
+REACH_TIMEOUT_S = 3.0
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
+
+
+def hub_unreachable(timeout: float = REACH_TIMEOUT_S) -> str | None:
+    """Why the Hub cannot be reached now, or ``None`` if a connection to it opens (or a proxy decides).
+
+    ``huggingface_hub`` retries a failing request for about 30 seconds before it gives up (or falls back to
+    its cache); one connection attempt finds a machine without network at once, so that a download can go
+    straight to the cache, or fail with a message, instead. The endpoint is ``HF_ENDPOINT``'s (default
+    ``https://huggingface.co``). Behind a proxy the check is skipped: only the proxy knows.
+    """
+    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
+        return None
+    import socket
+    from urllib.parse import urlsplit
+
+    import huggingface_hub.constants as constants
+
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    url = urlsplit(endpoint)
+    if not url.hostname:
+        return None
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((url.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"the Hub at {url.hostname} cannot be reached ({exc.strerror or type(exc).__name__})"
+
+
 def hub_cache_dir() -> str | None:
     """The Hugging Face cache folder named by the environment now, or ``None`` for the library default."""
     if os.environ.get("HF_HUB_CACHE"):
@@ -173,8 +205,10 @@ def download(repo_id: str, *, revision: str | None, patterns: list[str], filenam
     )
 
     offline = hub_offline()
+    unreachable = None if offline else hub_unreachable()
     cache = hub_cache_dir()
     where = f"{repo_id!r}" + (f" at revision {revision!r}" if revision else "")
+    offline = offline or unreachable is not None  # no network: the cache alone, without 30 s of retries
     try:
         if filename is not None:
             return Path(
@@ -193,7 +227,7 @@ def download(repo_id: str, *, revision: str | None, patterns: list[str], filenam
     except RevisionNotFoundError as exc:
         raise CheckpointError(f"Hub repo {repo_id!r} has no revision {revision!r}") from exc
     except LocalEntryNotFoundError as exc:
-        reason = "offline mode is on (HF_HUB_OFFLINE=1)" if offline else "the Hub could not be reached"
+        reason = unreachable or ("offline mode is on (HF_HUB_OFFLINE=1)" if offline else "the Hub could not be reached")
         raise CheckpointError(
             f"model {where} is not in the Hugging Face cache ({cache or 'default location'}) and {reason}; "
             "download it once with network access, or pass a local checkpoint folder"

@@ -1,4 +1,8 @@
-"""Download one data file of a Hugging Face *dataset* repo into the Hub cache (honouring offline mode)."""
+"""Download one data file of a Hugging Face *dataset* repo into the Hub cache (honouring offline mode).
+
+Without network (no connection to the Hub opens, see :func:`~specframe.models.hub.hub_unreachable`) the
+cache is used at once, as with ``HF_HUB_OFFLINE=1``, instead of after ``huggingface_hub``'s retries.
+"""
 
 from __future__ import annotations
 
@@ -40,9 +44,10 @@ def download_dataset_file(source: HubSource, *, hint: str = "") -> Path:
     """
     from huggingface_hub import hf_hub_download
 
-    from specframe.models.hub import hub_cache_dir, hub_offline
+    from specframe.models.hub import hub_cache_dir, hub_offline, hub_unreachable
 
     offline = hub_offline()
+    unreachable = None if offline else hub_unreachable()
     try:
         return Path(
             hf_hub_download(
@@ -51,9 +56,14 @@ def download_dataset_file(source: HubSource, *, hint: str = "") -> Path:
                 repo_type="dataset",
                 revision=source.revision,
                 cache_dir=hub_cache_dir(),
-                local_files_only=offline,
+                local_files_only=offline or unreachable is not None,  # no network: the cache, without retries
             )
         )
     except Exception as exc:  # network, missing file, offline cache miss: all end in the same advice
-        why = "offline mode is on and it is not in the cache" if offline else f"{type(exc).__name__}: {exc}"
-        raise SpecframeError(f"cannot get {source.describe()} ({why}). {hint}".strip()) from exc
+        if offline:
+            why = "offline mode is on (HF_HUB_OFFLINE=1) and it is not in the Hugging Face cache"
+        elif unreachable:
+            why = f"it is not in the Hugging Face cache, and {unreachable}"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        raise SpecframeError(f"cannot get {source.describe()}: {why}. {hint}".strip()) from exc
