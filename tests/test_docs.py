@@ -145,6 +145,7 @@ def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
         ("mask_builder", "my-setdlm"),
         ("order_policy", "right-to-left"),
         ("acceptance_rule", "top20"),
+        ("acceptance_rule", "argmax"),
         ("schedule", "verify-only"),
     }
     prompt = [3, 1, 4, 1, 5]
@@ -153,6 +154,8 @@ def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
     for model in (setdlm, nemotron):
         reference = generate(model, "ar", prompt, 12).output_ids
         assert generate(model, "verify-only", prompt, 12).output_ids == reference
+        for schedule in ("packed", "linear", "quadratic"):  # the from-scratch rule is greedy decoding
+            assert generate(model, schedule, prompt, 12, acceptance="argmax").output_ids == reference, schedule
     reference = generate(setdlm, "ar", prompt, 12).output_ids
     # An order chooses the any-order conditionals, so the output need not equal left to right: it runs,
     # and a left-to-right-only family refuses it.
