@@ -18,7 +18,8 @@ def models(tmp_path_factory):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"widht": 8}, "unknown config key(s) 'widht'; valid keys: model, schedule"),
+        ({"widht": 8}, "unknown config key(s) 'widht' (did you mean 'width'?); valid keys: model, schedule"),
+        ({"colour": 1}, "unknown config key(s) 'colour'; valid keys: model, schedule"),
         ({"width": 0}, "width must be >= 1, got 0"),
         ({"width": "8"}, "width must be an integer or \"auto\", got '8'"),
         ({"width": "wide"}, "width must be an integer or \"auto\", got 'wide'"),

@@ -136,7 +136,8 @@ def add_decoder_options(
         parser.add_argument(
             "--schedule",
             default="packed",
-            help="ar, linear, quadratic, packed, native, ...; a plugin's options as NAME:key=value,key=value",
+            help="packed (default), ar, linear, quadratic, kbranch, auto, native, or a plugin's; options as "
+            "NAME:key=value,key=value (e.g. kbranch:k=3)",
         )
     parser.add_argument(
         "--order", default="ltr", help="verification order: ltr or confidence (options: NAME:key=value,...)"
@@ -150,7 +151,8 @@ def add_decoder_options(
         "--width",
         type=width_value,
         default="auto",
-        help="speculative width W, or auto: chosen per call from this machine's measured cost (default auto)",
+        help="speculative width W, or auto: chosen per call from this machine's measured cost (default auto; "
+        "ar takes no width)",
     )
     parser.add_argument(
         "--max-new-tokens",

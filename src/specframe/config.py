@@ -22,6 +22,7 @@ the plugin's options. Every field is validated and every error names the field, 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,7 +112,14 @@ class DecoderConfig:
         known = [f.name for f in dataclasses.fields(cls)]
         unknown = sorted(set(values) - set(known))
         if unknown:
-            raise ConfigError(f"unknown config key(s) {', '.join(map(repr, unknown))}; valid keys: {', '.join(known)}")
+            close = {key: difflib.get_close_matches(key, known, n=1) for key in unknown}
+            guesses = [
+                f"{match[0]!r}" + (f" for {key!r}" if len(unknown) > 1 else "") for key, match in close.items() if match
+            ]
+            hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+            raise ConfigError(
+                f"unknown config key(s) {', '.join(map(repr, unknown))}{hint}; valid keys: {', '.join(known)}"
+            )
         return cls(**dict(values))
 
     def validate(self) -> None:
