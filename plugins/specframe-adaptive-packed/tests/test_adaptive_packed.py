@@ -62,7 +62,7 @@ def test_greedy_output_equals_plain_ar(models, family, width, options):
     for _ in range(4):
         prompt = [rng.randrange(EOS) for _ in range(rng.randint(1, 8))]
         length = rng.randint(1, 40)
-        reference = generate(models[family], "ar", prompt, length, width)
+        reference = generate(models[family], "ar", prompt, length, "auto")  # ar takes no width
         result = generate(models[family], {"name": "adaptive-packed", **options}, prompt, length, width)
         assert result.output_ids == reference.output_ids
         assert result.stop_reason == reference.stop_reason
@@ -74,11 +74,11 @@ def test_greedy_output_equals_plain_ar(models, family, width, options):
 def test_eos_and_stop_sequences_end_the_output_like_ar(models):
     for family in (NEMOTRON, SETDLM):
         model = models[family]
-        reference = generate(model, "ar", [3, 5, 7], 30, 4)
+        reference = generate(model, "ar", [3, 5, 7], 30, "auto")
         stop = reference.output_ids[4:6]
-        kwargs = {"model": model, "width": 4, "max_new_tokens": 30, "stop": [stop]}
+        kwargs = {"model": model, "max_new_tokens": 30, "stop": [stop]}
         ar = compose({**kwargs, "schedule": "ar"}).generate(prompt_ids=[3, 5, 7])
-        ours = compose({**kwargs, "schedule": "adaptive-packed"}).generate(prompt_ids=[3, 5, 7])
+        ours = compose({**kwargs, "schedule": "adaptive-packed", "width": 4}).generate(prompt_ids=[3, 5, 7])
         assert ours.output_ids == ar.output_ids
         assert ours.stop_reason == ar.stop_reason == "stop_sequence"
 
