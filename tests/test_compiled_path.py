@@ -119,6 +119,38 @@ def test_one_graph_serves_every_row_count_and_capacity(pairs):
     assert compiled.compiled_graphs() == 1  # traced at 1 row, served 2 to 34 rows and both capacities
 
 
+def test_direct_calls_equal_calls_through_dynamo(pairs):
+    """The compiled code called without dynamo gives the same logits and cache rows as through dynamo."""
+    _, graphs = pairs[NEMOTRON]
+    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    compiled = graphs.compiled
+    cache = graphs.new_cache(40)
+    graphs.forward(cache, torch.arange(5), torch.arange(5), torch.ones(5, 5, dtype=torch.bool).tril())
+    cache.commit(list(range(5)))
+    start = 5
+    for rows in (1, 4, 2, 9, 1):
+        attention = torch.rand(rows, rows, generator=torch.Generator().manual_seed(rows)) < 0.5
+        attention |= torch.eye(rows, dtype=torch.bool)
+        span = ((torch.arange(rows) * 7) % (VOCAB - 2), torch.arange(start, start + rows), attention)
+        saved = cache.keys.clone(), cache.values.clone()
+        direct, calls = compiled.direct, compiled.direct_calls
+        through_dynamo = None
+        if direct is not None:  # the first call over the cache compiles the graph (and builds the direct call)
+            compiled.direct = None
+            through_dynamo = graphs.forward(cache, *span), cache.keys.clone(), cache.values.clone()
+            compiled.direct = direct
+            cache.keys.copy_(saved[0]), cache.values.copy_(saved[1])
+        got = graphs.forward(cache, *span)
+        assert compiled.direct is not None and compiled.direct_calls == calls + 1
+        if through_dynamo is not None:
+            assert torch.equal(got, through_dynamo[0])
+            assert torch.equal(cache.keys, through_dynamo[1]) and torch.equal(cache.values, through_dynamo[2])
+        assert not torch.equal(cache.keys[:, start : start + rows], saved[0][:, start : start + rows])  # written
+        cache.commit(list(range(rows)))
+        start += rows
+    assert compiled.compiled_graphs() == 1
+
+
 def test_recompilations_show_in_the_graph_count(pairs):
     """The count the tests above rely on does see a second graph (here: int32 ids, which calls may use)."""
     _, graphs = pairs[NEMOTRON]
