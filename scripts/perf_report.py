@@ -235,16 +235,14 @@ def fixed_shapes(model: Any, repeats: int, rows_list: tuple[int, ...] = (2, 4, 1
 
 
 def _fixed_call(model: Any, fixed: Any, cache: Any, inputs: tuple[torch.Tensor, ...]) -> None:
-    """One call of a fixed-shape graph, its keys and values staged as the compiled path stages them."""
+    """One call of a fixed-shape graph (which stages the rows' keys and values in the cache, as the path's does)."""
     from specframe.models import compiled as graphs
 
     rows = inputs[0].shape[0]
     length = torch.tensor(cache.length, device=model.device)
-    with graphs._compiling("inductor"):
-        hidden, keys, values = fixed(*inputs, length, cache.keys, cache.values, None)
+    with graphs._compiling("inductor", cpu=model.device.type == "cpu"):
+        (hidden,) = fixed(*inputs, length, cache.keys, cache.values, None)
     cache.reserve(rows)
-    cache.keys[:, cache.length : cache.length + rows] = keys
-    cache.values[:, cache.length : cache.length + rows] = values
     model.fast.logits(hidden)
 
 

@@ -41,8 +41,16 @@ def fuse_projections(network: nn.Module) -> None:
     """
     for layer in network.body.layers:
         attn, mlp = layer.self_attn, layer.mlp
-        attn.qkv_weight = _fuse(attn, ("q_proj", "k_proj", "v_proj"))
-        mlp.gate_up_weight = _fuse(mlp, ("gate_proj", "up_proj"))
+        attn.qkv_weight = _fuse(attn, _FUSED[0][1])
+        mlp.gate_up_weight = _fuse(mlp, _FUSED[1][1])
+
+
+_FUSED = (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj")))
+
+
+def _fused_parts(layer: nn.Module) -> list[torch.Tensor]:
+    """A layer's weights that :func:`fuse_projections` made views of a fused matrix."""
+    return [getattr(getattr(layer, module), name).weight for module, names in _FUSED for name in names]
 
 
 def _fuse(module: nn.Module, names: tuple[str, ...]) -> torch.Tensor:
@@ -153,9 +161,15 @@ class FastForward:
         self.embed = body.embed_tokens.weight
         self.final_norm = body.norm.weight
         self.prepacked = any(p.packed is not None for x in self.layers for p in (x.qkv, x.o, x.gate_up, x.down))
+        self._attention = [layer.self_attn for layer in body.layers]
         self._lora_count = self._count_lora()
-        self._watched = [*self.network.parameters(), *(layer.self_attn.qkv_weight for layer in body.layers)]
-        self._watched += [layer.mlp.gate_up_weight for layer in body.layers]
+        # one tensor per version counter: the q/k/v and gate/up weights are views of their fused matrix and
+        # share its counter (stale() runs before every call, with its tensors out of the CPU's caches)
+        fused = [layer.self_attn.qkv_weight for layer in body.layers] + [
+            layer.mlp.gate_up_weight for layer in body.layers
+        ]
+        views = {id(p) for layer in body.layers for p in _fused_parts(layer)}
+        self._watched = [p for p in self.network.parameters() if id(p) not in views] + fused
         self._versions = [t._version for t in self._watched]
 
     def _layer(self, layer: nn.Module, prepack: bool) -> _Layer:
@@ -182,7 +196,7 @@ class FastForward:
         return self._lora_count > 0
 
     def _count_lora(self) -> int:
-        return sum(layer.self_attn.o_lora is not None for layer in self.network.body.layers)
+        return sum(attention.o_lora is not None for attention in self._attention)
 
     def stale(self) -> bool:
         """Whether a weight changed in place or an adapter was attached since the last :meth:`refresh`."""
