@@ -222,10 +222,20 @@ def model_key(model: ModelBackend) -> dict[str, Any]:
 
 
 def cache_dir() -> Path:
-    """Where cost models are cached (``$SPECFRAME_CACHE_DIR``, else the user cache directory)."""
+    """Where cost models are cached (``$SPECFRAME_CACHE_DIR``, else the user cache directory).
+
+    Raises:
+        ConfigError: If ``$SPECFRAME_CACHE_DIR`` names an existing file: nothing could be cached there, and
+            every process would calibrate again without a word.
+    """
     explicit = os.environ.get("SPECFRAME_CACHE_DIR")
     if explicit:
-        return Path(explicit)
+        if Path(explicit).expanduser().is_file():
+            raise ConfigError(
+                f"SPECFRAME_CACHE_DIR={explicit!r} is a file, so cost models cannot be cached there; point it at "
+                "a folder (it is created if missing) or unset it for ~/.cache/specframe"
+            )
+        return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "specframe"
 

@@ -38,6 +38,20 @@ def test_explicit_threads_win_and_omp_num_threads_is_respected(monkeypatch):
         choose_threads(0, 10)
 
 
+@pytest.mark.parametrize("value", ["0", "abc", "-2", " ", "1.5", ",2"])
+def test_a_malformed_omp_num_threads_is_refused_not_left_to_openmp(monkeypatch, value):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    with pytest.raises(ConfigError, match=f"OMP_NUM_THREADS={value!r} is not a positive thread count"):
+        choose_threads(None, 10)
+    assert choose_threads(1, 10) == 1  # an explicit count does not read it
+
+
+@pytest.mark.parametrize("value", ["1", "2", "3,1"])
+def test_well_formed_omp_num_threads_is_left_to_torch(monkeypatch, value):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert choose_threads(None, 10) is None
+
+
 def test_the_policy_decides_once_per_model():
     class Backend:
         num_parameters = 4_000_000

@@ -87,8 +87,28 @@ def choose_threads(threads: int | None, parameters: int) -> int | None:
     if threads is not None:
         return check_threads(threads)
     if os.environ.get("OMP_NUM_THREADS"):
+        check_omp_threads(os.environ["OMP_NUM_THREADS"])
         return None
     return default_threads(parameters)
+
+
+def check_omp_threads(value: str) -> int:
+    """The thread count ``OMP_NUM_THREADS`` asks for, checked.
+
+    A positive integer, or a comma-separated list of them (OpenMP's nested form, whose first entry is what
+    torch uses). OpenMP ignores anything else with a one-line warning and starts one thread per core, which
+    is exactly what the thread policy exists to avoid; so a malformed value is an error, not a silent default.
+
+    Raises:
+        ConfigError: Naming the value and what to set instead.
+    """
+    first = value.split(",")[0].strip()
+    if not first.isdigit() or int(first) < 1:
+        raise ConfigError(
+            f"OMP_NUM_THREADS={value!r} is not a positive thread count, and OpenMP would ignore it and use every "
+            "core; set it to a number such as 1, or unset it to let specframe choose (or pass --threads / threads)"
+        )
+    return int(first)
 
 
 def apply_threads(model: object, threads: int | None) -> int:
