@@ -115,8 +115,12 @@ def test_missing_field_names_the_field(tmp_path):
 def test_bad_jsonl_line_and_missing_file(tmp_path):
     path = tmp_path / "broken.jsonl"
     path.write_text('{"question": "q", "answer": "#### 1"}\n{not json\n', encoding="utf-8")
-    with pytest.raises(SpecframeError, match="line 2"):
+    with pytest.raises(SpecframeError, match=r"line 2: not valid JSON \(Expecting property name[^)]*\)$"):
         get_task("gsm8k").load(path)
+    csv = tmp_path / "problems.csv"
+    csv.write_text("question,answer\nq,1\n", encoding="utf-8")
+    with pytest.raises(SpecframeError, match=r"a task file is JSON Lines .* one named \*\.csv is read as JSON Lines"):
+        get_task("gsm8k").load(csv)
     with pytest.raises(SpecframeError, match="does not exist"):
         get_task("gsm8k").load(tmp_path / "missing.jsonl")
 

@@ -51,7 +51,13 @@ def _jsonl_rows(text: str, path: Path) -> list[Any]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise SpecframeError(f"task file {path}, line {number}: not valid JSON ({exc.msg})") from None
+            formats = (
+                ""
+                if path.name.lower().endswith((".jsonl", ".jsonl.gz"))
+                else "; a task file is JSON Lines (.jsonl, .jsonl.gz), JSON (.json) or Parquet (.parquet), and one "
+                f"named *{path.suffix or '(no suffix)'} is read as JSON Lines"
+            )
+            raise SpecframeError(f"task file {path}, line {number}: not valid JSON ({exc.msg}){formats}") from None
     return rows
 
 
