@@ -254,14 +254,16 @@ def shell_commands() -> list[tuple[str, str]]:
 
 
 def python_examples() -> list[tuple[str, int, str]]:
-    """(page, number, code) for every ``python`` block of our pages, except the hook reference and includes."""
+    """(page, number, code) for every ``python`` block of our pages and the README (a new user's first code),
+    except the hook reference and includes."""
     found = []
-    for page in pages():
-        if page == HOOKS_PAGE or page.relative_to(DOCS).as_posix() in OWNED_ELSEWHERE:
+    for page in [*pages(), ROOT / "README.md"]:
+        name = page.relative_to(DOCS).as_posix() if page.is_relative_to(DOCS) else page.name
+        if page == HOOKS_PAGE or name in OWNED_ELSEWHERE:
             continue
         for number, block in enumerate(code_blocks(page, "python")):
             if not SNIPPET.search(block):
-                found.append((page.relative_to(DOCS).as_posix(), number, block))
+                found.append((name, number, block))
     return found
 
 
