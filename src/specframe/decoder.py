@@ -299,13 +299,14 @@ class Decoder:
         allowed = {p for p, _ in plan.pending}
         allowed.update(plan.order[: min(drafts_accepted, len(plan.chain))])
         rows, positions = [], []
-        resolved_token = state.resolved_token
+        tokens, prompt, start = state.tokens, state.prompt, state.start
         for position, (row, token) in call.commit_rows.items():
-            if position in allowed and resolved_token(position) == token:
+            if position in allowed and (prompt[position] if position < start else tokens.get(position)) == token:
                 rows.append(row)
                 positions.append(position)
-        cache.commit(rows, positions)
-        state.mark_cached(positions)
+        if rows:
+            cache.commit(rows, positions)
+            state.mark_cached(positions)
         if state.stale_cached:  # an EOS accepted out of order: forget rows that saw dropped tokens
             cache.drop_positions(state.stale_cached)
             state.stale_cached = set()

@@ -123,10 +123,12 @@ class DecodeState:
     @property
     def pending(self) -> tuple[tuple[int, int], ...]:
         """Accepted ``(position, token)`` pairs not yet in the KV cache, in generation order."""
-        generation = self._generation
-        while self._cached_prefix < len(generation) and generation[self._cached_prefix] in self._cached:
-            self._cached_prefix += 1
-        return tuple((p, self.token_at(p)) for p in generation[self._cached_prefix :] if p not in self._cached)
+        generation, cached, prefix = self._generation, self._cached, self._cached_prefix
+        while prefix < len(generation) and generation[prefix] in cached:
+            prefix += 1
+        self._cached_prefix = prefix
+        start, prompt, tokens = self.start, self.prompt, self.tokens
+        return tuple([(p, prompt[p] if p < start else tokens[p]) for p in generation[prefix:] if p not in cached])
 
     def generation_order(self) -> list[int]:
         """Every accepted position (prompt included) in the order it was accepted."""
@@ -159,12 +161,18 @@ class DecodeState:
             after: Positions to treat as resolved too (to compute the window after a hypothetical accept).
         """
         width = self.width if width is None else width
-        assumed = set(after)
-        left = self._frontier
-        while left in self.tokens or left in assumed:
-            left += 1
+        tokens = self.tokens
+        left = self.leftmost_unresolved()
+        if left is None:
+            return []
+        if after:
+            assumed = set(after)
+            while left in tokens or left in assumed:
+                left += 1
+            right = min(self.end, left + width - 1)
+            return [p for p in range(left, right + 1) if p not in tokens and p not in assumed]
         right = min(self.end, left + width - 1)
-        return [p for p in range(left, right + 1) if p not in self.tokens and p not in assumed]
+        return [p for p in range(left, right + 1) if p not in tokens]
 
     def output_ids(self) -> list[int]:
         """Generated token ids in textual order (up to the first unresolved position)."""
@@ -187,26 +195,27 @@ class DecodeState:
             How many of ``pairs`` are kept.
         """
         new: list[int] = []
-        tokens, eos, end = self.tokens, self.ctx.eos_token_ids, self.end
+        tokens, eos, end, start = self.tokens, self.ctx.eos_token_ids, self.end, self.start
         for position, token in pairs:
             if position > self.end:
                 continue
-            if self.is_resolved(position):
+            if position < start or position in tokens:
                 raise RuntimeError(f"position {position} is already resolved; a schedule accepted it twice")
             tokens[position] = int(token)
-            self._generation.append(position)
             new.append(position)
             if token in eos:
                 self.end = min(self.end, position)
+        self._generation.extend(new)
         if self.ctx.stop_sequences:
             self._apply_stop_sequences(new)
-        if self.end < end:  # tokens beyond ``end`` exist only if this call moved it
-            self._prune_beyond_end()
         drafts, scores = self.drafts, self.scores
         for position in new:
             drafts.pop(position, None)
             scores.pop(position, None)
-        return sum(1 for p in new if p in tokens)
+        if self.end < end:  # tokens beyond ``end`` exist only if this call moved it
+            self._prune_beyond_end()
+            return sum(1 for p in new if p in tokens)
+        return len(new)
 
     def mark_cached(self, positions: Iterable[int]) -> None:
         """Record that ``positions`` now have their keys and values in the KV cache."""
@@ -214,9 +223,9 @@ class DecodeState:
 
     def set_drafts(self, drafts: dict[int, DraftRef], scores: dict[int, float]) -> None:
         """Replace the stored draft with new draft tokens (kept only at unresolved positions <= end)."""
-        end, resolved = self.end, self.is_resolved
-        self.drafts = {p: d for p, d in drafts.items() if p <= end and not resolved(p)}
-        self.scores = {p: s for p, s in scores.items() if p <= end and not resolved(p)} if scores else {}
+        start, end, tokens = self.start, self.end, self.tokens
+        self.drafts = {p: d for p, d in drafts.items() if start <= p <= end and p not in tokens}
+        self.scores = {p: s for p, s in scores.items() if start <= p <= end and p not in tokens} if scores else {}
 
     def record(self, drafted: int, accepted: int, appended: int) -> None:
         """Record a verification outcome for the metrics."""

@@ -226,8 +226,9 @@ class TemplateCache:
         return self._instantiate(template, plan, base)
 
     def _instantiate(self, template: LayoutTemplate, plan: CallPlan, base: int) -> PhysicalCall:
-        tokens = [t for _, t in plan.pending]
-        tokens.extend(plan.chain)
+        pending = plan.pending
+        tokens = [pending[0][1]] if len(pending) == 1 else [t for _, t in pending]
+        tokens += plan.chain
         if tokens and (min(tokens) < 0 or max(tokens) >= self.vocab_size):
             bad = [t for t in tokens if not 0 <= t < self.vocab_size]
             raise InputError(f"token ids {bad[:5]} are outside the model's vocabulary [0, {self.vocab_size})")
@@ -243,7 +244,7 @@ class TemplateCache:
                 f"the call spans positions {low}..{high}, outside the model's context of "
                 f"{self.max_positions + 1} positions: shorten the prompt or the requested output"
             )
-        ids = list(template.ids)
+        ids = [*template.ids]
         for row, index in template.slots:
             ids[row] = tokens[index]
         # torch.frombuffer wraps a host buffer without the per-element conversion torch.tensor does (2 µs

@@ -106,7 +106,7 @@ class KVCache:
         self.length += count
         self.staged = 0
         if positions is not None:
-            self.positions.extend(int(p) for p in positions)
+            self.positions.extend(map(int, positions))
 
     def drop_positions(self, positions: set[int]) -> None:
         """Remove committed rows whose recorded position is in ``positions`` (keeps the others' order).

@@ -39,7 +39,15 @@ def by_score(positions: Sequence[int], scores: Mapping[int, float], *, highest_f
 
     A position is scored when ``scores`` holds a finite number for it (typically: it has a draft token).
     """
-    scored = [p for p in positions if p in scores and math.isfinite(scores[p])]
-    rest = sorted(p for p in positions if p not in scores or not math.isfinite(scores[p]))
+    keyed, rest = [], []  # (signed score, position) pairs sort by score, ties by position
     sign = -1.0 if highest_first else 1.0
-    return sorted(scored, key=lambda p: (sign * scores[p], p)) + rest
+    isfinite, get = math.isfinite, scores.get
+    for position in positions:
+        score = get(position)
+        if score is not None and isfinite(score):
+            keyed.append((sign * score, position))
+        else:
+            rest.append(position)
+    keyed.sort()
+    rest.sort()
+    return [p for _, p in keyed] + rest

@@ -84,44 +84,49 @@ def verification_window(state: DecodeState) -> VerificationWindow:
     ctx = state.ctx
     window = state.window()
     order = ctx.order.order(window, state.scores)
-    if sorted(order) != window:
+    in_order = order == window  # (a left-to-right policy's order needs no further check)
+    if not in_order and sorted(order) != window:
         raise RuntimeError(f"order policy {ctx.order.describe()} returned {order} for window {window}")
+    drafts = state.drafts
     chain: list[DraftRef] = []
     for position in order:
-        draft = state.drafts.get(position)
+        draft = drafts.get(position)
         if draft is None:
             break
         chain.append(draft)
     size = len(order)
     num_verify = min(len(chain) + 1, size)
-    bonus = order[-1] + 1 if order else None
-    if (
-        len(chain) == size
-        and ctx.traits.free_bonus
-        and bonus is not None
-        and bonus <= state.end
-        and not state.is_resolved(bonus)
-        and order == list(range(order[0], order[0] + size))
-    ):
-        order = [*order, bonus]
-        num_verify = size + 1
+    if len(chain) == size and size and ctx.traits.free_bonus:
+        bonus = order[-1] + 1
+        if (
+            bonus <= state.end
+            and bonus not in state.tokens
+            and order[-1] - order[0] == size - 1
+            and (in_order or order == list(range(order[0], bonus)))
+        ):
+            order = [*order, bonus]
+            num_verify = size + 1
     return VerificationWindow(tuple(order), tuple(chain), num_verify, size)
 
 
 def planned_chain(state: DecodeState, plan: CallPlan) -> tuple[DraftRef, ...]:
     """The stored drafts (with their proposals) that ``plan``'s chain was built from."""
-    return tuple(state.drafts[p] for p in plan.chain_positions)
+    drafts = state.drafts
+    return tuple([drafts[p] for p in plan.order[: len(plan.chain)]])
 
 
 def accept_verdict(state: DecodeState, plan: CallPlan, chain: tuple[DraftRef, ...], verdict: Verdict) -> int:
     """Accept the verified drafts and the verifier's token; record the outcome.
+
+    The accepted drafts' tokens are read from ``plan.chain`` (the tokens of ``chain``, which the plan was
+    built from), so that no proposal batch is read again.
 
     Returns:
         The number of tokens the verification added (h + 1, or h without a verifier token), before the
         stopping rules; the state applies EOS, stop sequences and the length limit.
     """
     accepted, token = verdict.accepted, verdict.token
-    pairs = list(zip(plan.order[:accepted], draft_tokens(chain[:accepted]), strict=True))
+    pairs = list(zip(plan.order[:accepted], plan.chain[:accepted], strict=True))  # the plan holds their tokens
     if token is not None:
         pairs.append((plan.order[accepted], token))
     kept = state.accept(pairs)
