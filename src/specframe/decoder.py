@@ -295,14 +295,15 @@ class Decoder:
         happens to carry the same token: it is processed as an input of the next call, as both families'
         layouts expect (appendix D).
         """
-        plan = call.plan
-        allowed = {p for p, _ in plan.pending}
-        allowed.update(plan.order[: min(drafts_accepted, len(plan.chain))])
+        plan, commit_rows = call.plan, call.commit_rows
+        allowed = [p for p, _ in plan.pending]
+        allowed += plan.order[: min(drafts_accepted, len(plan.chain))]
         rows, positions = [], []
         tokens, prompt, start = state.tokens, state.prompt, state.start
-        for position, (row, token) in call.commit_rows.items():
-            if position in allowed and (prompt[position] if position < start else tokens.get(position)) == token:
-                rows.append(row)
+        for position in allowed:
+            entry = commit_rows.get(position)
+            if entry is not None and (prompt[position] if position < start else tokens.get(position)) == entry[1]:
+                rows.append(entry[0])
                 positions.append(position)
         if rows:
             cache.commit(rows, positions)

@@ -102,6 +102,7 @@ class DecodeState:
         self._cached: set[int] = set()
         self._cached_prefix = 0  # entries of _generation known to be cached, from the front
         self._frontier = self.start
+        self._highest = self.start - 1  # no accepted output position is higher (an upper bound)
         self.stale_cached: set[int] = set()
         # The width of the call being planned: the context's W, unless a schedule that chooses the width
         # per call (width "auto") sets it before planning.
@@ -172,6 +173,8 @@ class DecodeState:
             right = min(self.end, left + width - 1)
             return [p for p in range(left, right + 1) if p not in tokens and p not in assumed]
         right = min(self.end, left + width - 1)
+        if self._highest < left:  # nothing resolved past the frontier (always so when decoding left to right)
+            return list(range(left, right + 1))
         return [p for p in range(left, right + 1) if p not in tokens]
 
     def output_ids(self) -> list[int]:
@@ -206,6 +209,8 @@ class DecodeState:
             if token in eos:
                 self.end = min(self.end, position)
         self._generation.extend(new)
+        if new:
+            self._highest = max(self._highest, *new)
         if self.ctx.stop_sequences:
             self._apply_stop_sequences(new)
         drafts, scores = self.drafts, self.scores
@@ -248,6 +253,7 @@ class DecodeState:
             return
         for position in beyond:
             del self.tokens[position]
+        self._highest = max(self.tokens, default=self.start - 1)
         dropped = set(beyond)
         # Tokens accepted after a dropped one were cached with it in their context: their keys and values
         # must be recomputed without it (they become pending again), so that the verifier conditions on the

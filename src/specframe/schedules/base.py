@@ -87,13 +87,9 @@ def verification_window(state: DecodeState) -> VerificationWindow:
     in_order = order == window  # (a left-to-right policy's order needs no further check)
     if not in_order and sorted(order) != window:
         raise RuntimeError(f"order policy {ctx.order.describe()} returned {order} for window {window}")
-    drafts = state.drafts
-    chain: list[DraftRef] = []
-    for position in order:
-        draft = drafts.get(position)
-        if draft is None:
-            break
-        chain.append(draft)
+    chain = list(map(state.drafts.get, order))  # the stored drafts by rank, up to the first rank without one
+    if None in chain:
+        del chain[chain.index(None) :]
     size = len(order)
     num_verify = min(len(chain) + 1, size)
     if len(chain) == size and size and ctx.traits.free_bonus:
