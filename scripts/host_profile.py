@@ -6,6 +6,7 @@ Usage::
     python scripts/host_profile.py --sampled                         # rejection sampling, top-k 20
     python scripts/host_profile.py --model setdlm-stdlib-tiny --order confidence
     python scripts/host_profile.py --methods packed:8 --cprofile 25  # plus the 25 costliest functions
+    python scripts/host_profile.py --floor                           # the cold cost of single host steps
 
 Each method decodes a few prompts once with the model, recording every call's logits; then the same
 requests are decoded again with the model's forward replaced by a lookup of the recorded logits (the KV cache
@@ -40,6 +41,7 @@ import io
 import pstats
 import sys
 import time
+from array import array
 from collections.abc import Callable
 from typing import Any
 
@@ -199,6 +201,48 @@ def replay_total(decoder: Decoder, model: Any, replay: Replay, prompts: list[lis
     return total - replay.flushed
 
 
+def floor(weight_bytes: int, samples: int = 300) -> list[tuple[str, float, float]]:
+    """Median µs of single host steps, warm and after a cache flush as large as the weights: the cold floor.
+
+    After a forward, each library path the host touches first (a numpy reduction, a tensor made from a host
+    buffer, a tensor slice, a few Python dicts) costs 12-15 µs of cache misses, whatever little it computes.
+    """
+    flush = torch.ones(max(weight_bytes // 4, 1))
+    logits = torch.randn(17, 2048)
+    ids = list(range(18))
+
+    def minimal() -> None:  # the least a greedy Packed-SS call needs: an argmax, ids and positions, a dict
+        tokens = logits.numpy().argmax(-1).tolist()
+        torch.frombuffer(array("q", tokens + [1]), dtype=torch.int64)
+        torch.frombuffer(array("q", ids), dtype=torch.int64)
+        dict(zip(ids[:17], tokens, strict=True))
+
+    steps = {
+        "nothing (a call and two clock reads)": lambda: None,
+        "numpy argmax of 17 x 2048 logits": lambda: logits.numpy().argmax(-1).tolist(),
+        "one tensor from a host buffer": lambda: torch.frombuffer(array("q", ids), dtype=torch.int64),
+        "two tensors from host buffers": lambda: [torch.frombuffer(array("q", ids), dtype=torch.int64) for _ in "ab"],
+        "a tensor slice": lambda: logits[:9],
+        "a dict and a list of 18 entries": lambda: [k for k in {p: (p, p) for p in ids} if k & 1],
+        "all of argmax, two tensors, a dict": minimal,
+    }
+    rows = []
+    for label, step in steps.items():
+        medians = []
+        for cold in (False, True):
+            times = []
+            for _ in range(samples):
+                if cold:
+                    flush.sum()
+                logits.max()
+                started = clock()
+                step()
+                times.append(clock() - started)
+            medians.append(sorted(times)[samples // 2] * 1e6)
+        rows.append((label, *medians))
+    return rows
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", action="append", help="model(s); default both bundled models")
@@ -212,12 +256,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5, help="timed replays (the fastest is reported)")
     parser.add_argument("--cold", action="store_true", help="flush the caches before each call, as a forward does")
     parser.add_argument("--cprofile", type=int, default=0, metavar="N", help="print the N costliest functions")
+    parser.add_argument("--floor", action="store_true", help="only the warm and cold cost of single host steps")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     models = args.model or ["nemotron-stdlib-tiny", "setdlm-stdlib-tiny"]
+    if args.floor:
+        nbytes = sum(p.numel() * p.element_size() for p in weights(load_model(models[0])))
+        print(f"median µs of one host step, warm and after reading {nbytes / 1e6:.1f} MB (as a forward does)")
+        for label, warm, cold in floor(nbytes):
+            print(f"{label:40} {warm:7.1f} {cold:7.1f}")
+        return 0
     acceptance: Any = "greedy"
     if args.sampled:
         acceptance = {"name": "rejection", "temperature": 1.0, "top_k": args.top_k or None, "top_p": args.top_p}

@@ -37,10 +37,10 @@ def host_lists(tensors: Sequence[torch.Tensor]) -> list[list]:
     CUDA tensors are copied into host memory asynchronously and the stream is synchronised once; tensors
     already on the CPU are read directly.
     """
-    on_device = [t for t in tensors if t.device.type == "cuda"]
+    on_device = [t for t in tensors if t.is_cuda]
     if not on_device:
         return [t.tolist() for t in tensors]
-    copies = [t.to("cpu", non_blocking=True) if t.device.type == "cuda" else t for t in tensors]
+    copies = [t.to("cpu", non_blocking=True) if t.is_cuda else t for t in tensors]
     torch.cuda.current_stream(on_device[0].device).synchronize()
     return [c.tolist() for c in copies]
 

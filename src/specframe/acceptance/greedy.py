@@ -30,8 +30,12 @@ class GreedyAcceptance(AcceptanceRule):
     stochastic = False
 
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None) -> Proposals:
-        """Argmax of each row; the score is the token's softmax probability (computed when asked for)."""
-        return Proposals(_argmax(logits), scores=lambda: top_probability(logits), device=logits.device)
+        """Argmax of each row; the score is the token's softmax probability (computed when asked for).
+
+        (A host list of tokens comes from CPU logits, so the tokens' tensor, if asked for, is made on the
+        CPU, :class:`Proposals`' default; a device argmax is its own tensor.)
+        """
+        return Proposals(_argmax(logits), scores=lambda: top_probability(logits))
 
     def verify(self, drafts: Sequence[DraftRef], logits: torch.Tensor, generator: torch.Generator | None) -> Verdict:
         """Accept the longest prefix of drafts equal to the verifier's argmax, then add its next argmax.
@@ -82,7 +86,7 @@ class GreedyAcceptance(AcceptanceRule):
             def scores() -> torch.Tensor:
                 return top_probability(logits[num_verify:])
 
-            proposals = Proposals(predicted[num_verify:], scores, device=logits.device)
+            proposals = Proposals(predicted[num_verify:], scores)  # (on the CPU, as in propose)
         return proposals, self._verdict(drafts, predicted, logits, num_verify)
 
     def describe(self) -> dict[str, object]:

@@ -56,9 +56,7 @@ _NUMPY_FLOATS = (torch.float32, torch.float64, torch.float16)
 
 def numpy_readable(tensor: torch.Tensor) -> bool:
     """Whether numpy can work on ``tensor`` in place: numpy is installed and it is a float CPU tensor."""
-    return (
-        numpy is not None and tensor.device.type == "cpu" and tensor.dtype in _NUMPY_FLOATS and not tensor.requires_grad
-    )
+    return numpy is not None and tensor.is_cpu and tensor.dtype in _NUMPY_FLOATS and not tensor.requires_grad
 
 
 def first_argmax(logits: torch.Tensor) -> torch.Tensor:

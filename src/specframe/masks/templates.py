@@ -195,6 +195,7 @@ class TemplateCache:
         self.build = build
         self.mode = mode
         self.device = device
+        self._on_cpu = device.type == "cpu"
         self.vocab_size = vocab_size
         self.max_positions = max_positions
         self.templates: OrderedDict[ShapeKey, LayoutTemplate | None] = OrderedDict()
@@ -250,7 +251,7 @@ class TemplateCache:
         # torch.frombuffer wraps a host buffer without the per-element conversion torch.tensor does (2 µs
         # instead of 9 on a CPU). On the CPU, one buffer each (indexing rows of a joint one costs two more
         # ops, 5 µs); for an accelerator, one joint buffer and one copy.
-        if self.device.type == "cpu":
+        if self._on_cpu:
             input_ids = torch.frombuffer(array("q", ids), dtype=torch.int64)
             position_ids = torch.frombuffer(array("q", positions), dtype=torch.int64)
         else:
