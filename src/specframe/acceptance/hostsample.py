@@ -3,7 +3,7 @@
 A top-k distribution has ``k`` non-zero entries per row, a top-p one its nucleus. On a CPU, working on the
 dense ``[rows, V]`` probabilities costs some fifty torch operations per Packed-SS call (each a few
 microseconds of dispatch, most of them passes over the whole vocabulary): the warp, the gathers of ``p`` and
-``q``, the residual, the cumulative sums of the draws. Here the warp keeps each row's ``k`` candidates as
+``q``, the residual, the cumulative sums of the draws. Here the warp keeps each row's candidates as
 ``[rows, k]`` token ids and probabilities (numpy arrays viewing the same memory as the tensors the proposals
 store), and the rest of the step -- acceptance tests, residual, draws -- works on those small arrays.
 

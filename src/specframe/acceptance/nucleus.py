@@ -35,7 +35,7 @@ probability, ties by increasing id -- the stable sort's order. The row's 512 sma
 a partition and sorted; the rest of a row is sorted only when its cut lies past them. The mass before each
 rank is accumulated in float64 and rounded to the probabilities' dtype, as torch's CPU ``cumsum`` does, and
 compared with ``top_p`` in that dtype, so the kept tokens are the reference's, bit for bit. It is
-accumulated over the first 128 ranks, then over 4x longer prefixes for the rows whose cut lies beyond
+accumulated over the first 512 ranks, then over 4x longer prefixes for the rows whose cut lies beyond
 (continuing from the previous prefix's float64 total, which is exactly the sequential sum). Other dtypes
 take a stable ``argsort``. The dense warp's fallback rows (:func:`nucleus_candidates`) and its wide top-k
 case take the same host sort.
@@ -61,8 +61,9 @@ MAX_CANDIDATE_SHARE = 0.25
 UNDECIDED_SHARE = 4
 
 
-#: Ranks whose mass before them is accumulated first; rows whose cut lies beyond take 4x longer prefixes.
-HOST_PREFIX = 128
+#: Ranks whose mass before them is accumulated first; rows whose cut lies beyond take 4x longer prefixes. As
+#: long as :data:`HOST_HEAD`: on a CPU after a forward, each numpy call costs more than its elements do.
+HOST_PREFIX = 512
 
 #: Ranks :func:`host_nucleus` sorts for every row (a partition sets them apart first); the rest of a row is
 #: sorted only when its cut lies past them. Measured on the development machine over a Packed-SS W=8 call's
@@ -87,35 +88,34 @@ def host_nucleus(probs, top_p: float, ids=None) -> tuple[object, object]:
     """
     rows, width = probs.shape
     ranking = _KeyRanking if probs.dtype == numpy.float32 and sys.byteorder == "little" else _SortRanking
-    ranked = ranking(probs, _columns(width) if ids is None else ids)
-    counts = numpy.zeros(rows, dtype=numpy.int64)
-    carry = numpy.zeros(rows)  # float64: the mass of a row's ranks before the current prefix
-    todo = None  # the rows whose cut may lie past the prefixes so far (None: all)
+    ranked = ranking(probs, ids)
+    todo = carry = counts = first = None  # todo: the rows whose cut may lie past the prefixes so far (None: all)
     begin, end = 0, min(HOST_PREFIX, width)
     while True:
         values = ranked.values(todo, begin, end)
-        # A float64 cumulative sum is sequential, so starting it from the previous prefix's total (the first
-        # column) gives exactly the full row's sums; rounded to the dtype as torch's CPU cumsum rounds them.
-        mass = numpy.empty((values.shape[0], end - begin + 1))
-        mass[:, 0] = carry if todo is None else carry[todo]
-        mass[:, 1:] = values
-        mass.cumsum(1, out=mass)
-        before = mass[:, 1:].astype(values.dtype)
+        first = values if first is None else first
+        # A float64 cumulative sum is sequential, so starting it from the previous prefix's total gives exactly
+        # the full row's sums; they are rounded to the dtype as torch's CPU cumsum rounds them.
+        if carry is None:
+            mass = values.astype(numpy.float64).cumsum(1)
+        else:
+            mass = numpy.concatenate((carry[:, None], values), 1).cumsum(1)[:, 1:]
+        before = mass.astype(values.dtype)
         before -= values
         kept = (before < top_p).sum(1)  # the kept ranks are a prefix: the mass before a rank never decreases
-        if todo is None:
-            counts += kept
+        if counts is None:
+            counts = kept
         else:
             counts[todo] += kept
         more = kept == end - begin
         if end == width or not more.any():
             break
         todo = numpy.flatnonzero(more) if todo is None else todo[more]
-        carry[todo] = mass[more, -1]
+        carry = mass[more, -1]
         begin, end = end, min(4 * end, width)
     top = int(counts.max())
-    ids, values = ranked.head(top)
-    return ids, numpy.where(_columns(top) < counts[:, None], values, 0).astype(values.dtype, copy=False)
+    values = first[:, :top] if top <= first.shape[1] else ranked.values(None, 0, top)
+    return ranked.ids(top), numpy.where(_columns(top) < counts[:, None], values, 0).astype(values.dtype, copy=False)
 
 
 class _KeyRanking:
@@ -132,7 +132,7 @@ class _KeyRanking:
         self.keys = numpy.empty((rows, width), dtype=numpy.uint64)
         self.halves = self.keys.view(numpy.uint32).reshape(rows, width, 2)
         numpy.invert(probs.view(numpy.uint32), out=self.halves[..., 1])
-        self.halves[..., 0] = ids
+        self.halves[..., 0] = _columns(width, numpy.uint32) if ids is None else ids
         self.sorted = HOST_HEAD if width > 2 * HOST_HEAD else width
         if self.sorted < width:
             self.keys.partition(self.sorted - 1, axis=1)
@@ -149,38 +149,39 @@ class _KeyRanking:
         high = self.halves[:, begin:end, 1] if rows is None else self.halves[rows, begin:end, 1]
         return numpy.invert(high).view(numpy.float32)
 
-    def head(self, top: int):
-        """The first ``top`` ranks' ids and probabilities (``[rows, top]``)."""
-        return self.halves[:, :top, 0].astype(numpy.int64), self.values(None, 0, top)
+    def ids(self, top: int):
+        """The first ``top`` ranks' token ids (``[rows, top]`` int64)."""
+        return self.halves[:, :top, 0].astype(numpy.int64)
 
 
 class _SortRanking:
     """Rows ranked by a stable sort of the negated probabilities (ties by increasing id), any dtype."""
 
     def __init__(self, probs, ids) -> None:
-        if ids.shape[0] == 1 and numpy.array_equal(ids[0], numpy.arange(probs.shape[1])):
+        if ids is None:
+            ids = _columns(probs.shape[1])
             order = numpy.argsort(-probs, axis=1, kind="stable")
         else:
             order = numpy.lexsort((ids, -probs), axis=1)
-        self.ids = numpy.take_along_axis(numpy.broadcast_to(ids, probs.shape), order, 1)
+        self.ranked_ids = numpy.take_along_axis(numpy.broadcast_to(ids, probs.shape), order, 1)
         self.ranked = numpy.take_along_axis(probs, order, 1)
 
     def values(self, rows, begin: int, end: int):
         return self.ranked[:, begin:end] if rows is None else self.ranked[rows, begin:end]
 
-    def head(self, top: int):
-        return self.ids[:, :top].astype(numpy.int64), self.ranked[:, :top]
+    def ids(self, top: int):
+        return self.ranked_ids[:, :top].astype(numpy.int64)
 
 
-def _columns(width: int):
-    """``[1, width]`` column numbers (kept per width: made once)."""
-    columns = _COLUMNS.get(width)
+def _columns(width: int, dtype=None):
+    """``[1, width]`` column numbers, int64 or ``dtype`` (kept per width and dtype: made once)."""
+    columns = _COLUMNS.get((width, dtype))
     if columns is None:
-        columns = _COLUMNS[width] = numpy.arange(width, dtype=numpy.int64)[None, :]
+        columns = _COLUMNS[width, dtype] = numpy.arange(width, dtype=dtype or numpy.int64)[None, :]
     return columns
 
 
-_COLUMNS: dict[int, object] = {}
+_COLUMNS: dict[tuple, object] = {}
 
 
 def _masked(probs: torch.Tensor, top_p: float) -> torch.Tensor:
