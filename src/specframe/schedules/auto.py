@@ -436,8 +436,12 @@ class AutoSchedule(Schedule):
             self._since_scan = 0
         q = self._stats.rates()
 
+        known: dict[int, float] = {}  # a scan asks for the same few row counts many times
+
         def seconds(rows: int) -> float:
-            return self.cost.seconds(rows, context)
+            if rows not in known:
+                known[rows] = self.cost.seconds(rows, context)
+            return known[rows]
 
         chosen, rates = best(
             candidates,
