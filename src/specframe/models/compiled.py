@@ -42,7 +42,7 @@ import shutil
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -263,7 +263,7 @@ class DirectCall:
         """The direct call of ``compiled`` (the graph dynamo traced from the inputs ``traced``), or ``None``.
 
         ``None`` when an argument is neither one of the inputs, a tensor dynamo lifted from the module, nor a
-        size of an input, or when the graph does not return three tensors: such a graph runs through dynamo.
+        size of an input, or when the graph's output is not a tuple: such a graph runs through dynamo.
         """
         placeholders = graph.graph.find_nodes(op="placeholder")
         outputs = graph.graph.output_node().args[0]
@@ -285,23 +285,32 @@ class DirectCall:
                 fills.append((index, positions[id(value)], None))
             elif isinstance(value, torch.Tensor):
                 fixed[index] = value
-            elif isinstance(value, torch.SymInt) and str(node.meta["example_value"].node.expr) in sizes:
-                fills.append((index, *sizes[str(node.meta["example_value"].node.expr)]))
+            elif isinstance(value, torch.SymInt) and _symbol(node) in sizes:
+                fills.append((index, *sizes[_symbol(node)]))
             else:
                 return None
         dtypes = tuple(None if t is None else t.dtype for t in traced)
         return cls(compiled, fixed, fills, dtypes)
 
     def accepts(self, inputs: tuple[torch.Tensor | None, ...]) -> bool:
-        """Whether ``inputs`` have the dtypes the graph was traced with (shapes are checked by the caller)."""
-        return tuple(None if t is None else t.dtype for t in inputs) == self.dtypes
+        """Whether ``inputs`` have the dtypes the graph was traced with (shapes are checked by the caller).
 
-    def __call__(self, inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        Also whether gradients are off, as when the graph was traced (model calls run without them).
+        """
+        return not torch.is_grad_enabled() and tuple(None if t is None else t.dtype for t in inputs) == self.dtypes
+
+    def __call__(self, inputs: tuple[torch.Tensor | None, ...]) -> Sequence[torch.Tensor]:
         """The graph's outputs for ``inputs`` (``(ids, positions, attention, length, keys, values, adapter rows)``)."""
         args = self.fixed.copy()
         for index, source, dim in self.fills:
             args[index] = inputs[source] if dim is None else inputs[source].shape[dim]
         return self.compiled(*args)
+
+
+def _symbol(node: torch.fx.Node) -> str | None:
+    """The symbol of a graph input that is a symbolic size (``None`` when dynamo recorded none)."""
+    value = node.meta.get("example_value")
+    return str(value.node.expr) if isinstance(value, torch.SymInt) else None
 
 
 def _mark_static(weights: nn.Module) -> None:
@@ -374,7 +383,7 @@ def _compiling(backend: str, cpu: bool = True) -> contextlib.AbstractContextMana
     return config.patch(settings)
 
 
-def _call(step: GraphStep, *inputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _call(step: GraphStep, *inputs: torch.Tensor | None) -> tuple[torch.Tensor]:
     return step(*inputs)
 
 
