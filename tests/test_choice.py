@@ -612,6 +612,25 @@ def test_a_stable_pick_is_not_re_estimated_until_acceptance_or_the_context_moves
     assert len(estimates) <= 1 + probes + len(labels) // auto_module.CONTEXT_STEP
 
 
+def test_plain_ar_calls_are_timed_one_by_one_until_their_bias_is_learned(models, monkeypatch):
+    observed = []
+    real = CallTimes.observe
+
+    def recorded(self, label, predicted, seconds, calls=1):
+        observed.append((label, calls, self.learning(label)))
+        return real(self, label, predicted, seconds, calls)
+
+    monkeypatch.setattr(CallTimes, "observe", recorded)
+    measured = {**ROWS_DEAR, "source": "calibrated"}  # a measured model: calls are timed
+    decoder = compose({"model": models[NEMOTRON], "schedule": "packed", "max_new_tokens": 120, "cost": measured})
+    with eos_ids(models[NEMOTRON], ()):
+        decoder.generate(prompt_ids=[3, 5, 7])
+    ar = [(calls, learning) for label, calls, learning in observed if label == "ar"]
+    assert all(calls == 1 for calls, learning in ar if learning)  # a stalled call cannot hide in a span's mean
+    assert any(learning for _, learning in ar)
+    assert max(calls for calls, _ in ar) > 5  # then runs of AR calls are timed as spans
+
+
 def test_calls_timed_together_count_as_that_many_calls_of_their_mean():
     one, many = CallTimes(), CallTimes()
     for _ in range(3):

@@ -222,6 +222,10 @@ class CallTimes:
         kept = self.decay**calls
         self.load = kept * self.load + (1 - kept) * ratio / self._bias[label]
 
+    def learning(self, label: str) -> bool:
+        """Whether ``label``'s bias is still being learned (fewer than LEARN_CALLS timed calls of it)."""
+        return self._sums.get(label, 0.0) < LEARN_CALLS
+
     def seen(self, label: str) -> bool:
         """Whether a call of ``label`` has been timed."""
         return label in self._counts

@@ -246,13 +246,22 @@ class AutoSchedule(Schedule):
 
         It does what :meth:`plan` would do for it, without re-deciding: the run of AR calls grows by one, and
         the call is the plan of the ``ar`` schedule (width 0 in the metrics). The calls of such a run are
-        timed together, from the planning of the AR call that chose them to the next choice.
+        timed together, from the planning of the AR call that chose them to the next choice (once the AR calls'
+        bias is learned).
         """
         self._fast_ar -= 1
-        if self._timed is not None:
-            self._timed_calls += 1
-        else:  # the call after a prompt call (which is no sample of a steady-state call)
+        times = self._times
+        if self._timed is None:  # the call after a prompt call (which is no sample of a steady-state call)
             self._timed, self._timed_calls = ("ar", time.perf_counter()), 1
+        elif times is not None and times.learning("ar"):
+            # While the AR calls' bias is learned, each call is timed on its own: a span's mean would let one
+            # call that another process stalled set the bias (a single call's ratio is clipped, a mean is not).
+            label, started = self._timed
+            now = time.perf_counter()
+            times.observe(label, self._predicted.get(label), (now - started) / self._timed_calls, self._timed_calls)
+            self._timed, self._timed_calls = ("ar", now), 1
+        else:
+            self._timed_calls += 1
         self._ar_streak += 1
         state.width = 1
         return self._schedules["ar"].plan(state)
