@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import warnings
 
 import pytest
 import torch
@@ -806,3 +807,17 @@ def test_calibration_pools_a_noisy_sample_instead_of_carrying_it_to_every_wider_
     assert [r for r, _ in pooled] == [1, 2, 4, 8, 16]
     assert [t for _, t in pooled] == pytest.approx([1.0, 10 / 3, 10 / 3, 10 / 3, 6.0])
     assert _monotone([(1, 1.0), (2, 2.0)]) == [(1, 1.0), (2, 2.0)]
+
+
+def test_an_unwritable_cost_cache_is_told_once_and_the_model_still_serves(models, monkeypatch, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder", encoding="utf-8")
+    monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(blocker / "costs"))  # its parent is a file: mkdir fails
+    monkeypatch.setattr(costs_module, "_UNWRITABLE", set())
+    cost = costs_module.calibrate(models[SETDLM], budget_s=0.05, limit_s=0.2, min_rounds=1, max_rounds=1, rows=(1, 4))
+    with pytest.warns(UserWarning, match="could not be cached in .*every process will calibrate again"):
+        assert save(cost) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second failure in the same folder stays quiet
+        assert save(cost) is None
+    assert load_cached(cost.key) is None

@@ -27,6 +27,7 @@ import os
 import random
 import statistics
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -260,16 +261,32 @@ def load_cached(key: Mapping[str, Any]) -> CostModel | None:
 
 
 def save(cost: CostModel) -> Path | None:
-    """Write ``cost`` to its cache file; returns the path, or ``None`` if the cache is not writable."""
+    """Write ``cost`` to its cache file; returns the path, or ``None`` if the cache is not writable.
+
+    An unwritable cache is no error (the cost model in hand still serves this process), but it is told once
+    per process and folder with a :class:`UserWarning`: without a cache every process calibrates again.
+    """
     path = cache_path(cost.key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cost.to_dict(), indent=2), encoding="utf-8")
         tmp.replace(path)
-    except OSError:
+    except OSError as error:
+        if path.parent not in _UNWRITABLE:
+            _UNWRITABLE.add(path.parent)
+            warnings.warn(
+                f"the cost model could not be cached in {path.parent} ({error.strerror or error}); every process "
+                "will calibrate again (about 2 s). Make that folder writable, or set SPECFRAME_CACHE_DIR to one "
+                "that is",
+                stacklevel=2,
+            )
         return None
     return path
+
+
+#: Cache folders :func:`save` could not write to (each is warned about once per process).
+_UNWRITABLE: set[Path] = set()
 
 
 def calibrate(

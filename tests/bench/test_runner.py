@@ -226,3 +226,12 @@ def test_prompts_too_long_for_the_context_fail_before_the_first_prompt(tmp_path,
         run(tmp_path / "out2", tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=cap + 1)
     summary, _ = run(tmp_path / "out3", tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=cap)
     assert summary["prompts"] == 1
+
+
+def test_a_model_without_a_tokenizer_is_refused_before_the_first_prompt(tmp_path, tiny_setdlm, monkeypatch):
+    monkeypatch.setattr(tiny_setdlm, "tokenizer", None)
+    out = tmp_path / "out"
+    with pytest.raises(InputError, match="has no tokenizer.json, and a bench task's prompts are text") as info:
+        run(out, tiny_setdlm, max_new_tokens=4)
+    assert "token ids" not in str(info.value)  # bench takes no token ids: the decoder's advice would mislead
+    assert not (out / "records.jsonl").exists() and not (out / "run.json").exists()

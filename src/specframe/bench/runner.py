@@ -215,9 +215,15 @@ def check_prompt_lengths(model: ModelBackend, settings: BenchSettings, examples:
     """Refuse a run in which some prompt plus ``--max-new-tokens`` does not fit the model, before any prompt runs.
 
     Raises:
-        InputError: Naming the prompts that do not fit (index, id and length), the model's context, and what to
-            change.
+        InputError: If the model has no tokenizer (a task's prompts are text), or naming the prompts that do not
+            fit (index, id and length), the model's context, and what to change.
     """
+    if model.tokenizer is None:
+        raise InputError(
+            f"model {model_display_name(model.name)!r} has no tokenizer.json, and a bench task's prompts are text; "
+            "nothing was run. Put the family's tokenizer.json into the checkpoint folder, or bench a model that "
+            "has one"
+        )
     limit = settings.max_new_tokens
     lengths = {ex.index: len(model.encode_prompt(settings.prompt_text(ex.prompt))) for ex in examples}
     long = [ex for ex in examples if not fits_context(lengths[ex.index], limit, model)]

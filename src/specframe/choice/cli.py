@@ -45,5 +45,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({**cost.to_dict(), "cache_file": str(cache_path(cost.key))}))
     else:
         print(cost.describe())
-        print(f"cache file: {cache_path(cost.key)}")
+        path = cache_path(cost.key)
+        print(f"cache file: {path}" if path.is_file() else f"cache file: {path} (not written: see the warning above)")
     return 0
