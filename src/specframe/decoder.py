@@ -299,10 +299,10 @@ class Decoder:
         allowed = [p for p, _ in plan.pending]
         allowed += plan.order[: min(drafts_accepted, len(plan.chain))]
         rows, positions = [], []
-        tokens, prompt, start = state.tokens, state.prompt, state.start
+        resolved_token = state.resolved_token
         for position in allowed:
             entry = commit_rows.get(position)
-            if entry is not None and (prompt[position] if position < start else tokens.get(position)) == entry[1]:
+            if entry is not None and resolved_token(position) == entry[1]:
                 rows.append(entry[0])
                 positions.append(position)
         if rows:

@@ -96,7 +96,7 @@ def verification_window(state: DecodeState) -> VerificationWindow:
         bonus = order[-1] + 1
         if (
             bonus <= state.end
-            and bonus not in state.tokens
+            and not state.is_resolved(bonus)
             and order[-1] - order[0] == size - 1
             and (in_order or order == list(range(order[0], bonus)))
         ):
