@@ -8,7 +8,13 @@ import torch.nn.functional as F
 
 from specframe.models import load_model
 from specframe.models.compiled import GRAPH
-from specframe.models.kernels import PACK_MIN_ELEMENTS, PACKED_MIN_ROWS, Projection, onednn_available
+from specframe.models.kernels import (
+    PACK_MIN_ELEMENTS,
+    PACKED_MIN_ROWS,
+    TRANSPOSED_SKIP_ROWS,
+    Projection,
+    onednn_available,
+)
 
 ROWS = 9
 
@@ -94,6 +100,33 @@ def test_projection_uses_prepacked_kernel_where_it_wins_and_agrees_with_f_linear
             torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
 
 
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+def test_small_float32_matrices_use_their_transposed_copy_and_agree_with_f_linear():
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(96, 256, generator=generator)
+    projection = Projection(weight, prepack=True)
+    assert projection.packed is None and projection.transposed is not None
+    assert projection.transposed.is_contiguous() and torch.equal(projection.transposed, weight.t())
+    assert Projection(weight, prepack=False).transposed is None
+    assert Projection(weight.to(torch.bfloat16), prepack=True).transposed is None  # bfloat16 prepacks instead
+    assert Projection(torch.randn(PACK_MIN_ELEMENTS // 256, 256), prepack=True).transposed is None
+    for rows in (1, *TRANSPOSED_SKIP_ROWS, 4, 18):
+        x = torch.randn(rows, 256, generator=generator)
+        torch.testing.assert_close(projection(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_float32_eager_path_follows_in_place_edits_of_small_matrices(nemotron_dir):
+    model = load_model(nemotron_dir, dtype="float32")
+    assert model.fast.layers[0].o.transposed is not None  # the test checkpoint's matrices are small
+    before = _two_calls(model)[1]
+    with torch.no_grad():
+        model.network.body.layers[0].self_attn.o_proj.weight.mul_(-1.0)
+    after = _two_calls(model)[1]
+    model.path = "reference"
+    torch.testing.assert_close(after, _two_calls(model)[1], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(after, before, atol=1e-3)
+
+
 def test_float64_never_prepacks():
     weight = torch.randn(PACK_MIN_ELEMENTS // 256, 256, dtype=torch.float64)
     assert Projection(weight, prepack=True).packed is None
@@ -147,3 +180,17 @@ def test_compiled_graphs_use_the_prepacked_kernels_in_bfloat16(setdlm_dir, compi
     assert all(set(layer.packed) == {"qkv", "o", "gate_up", "down"} for layer in step.layers)
     # bfloat16 rounds differently in the two attention formulations: as close to float64 as the eager path
     assert (graphs - exact).abs().max() <= 2 * (eager - exact).abs().max()
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+def test_compiled_graphs_multiply_small_float32_matrices_by_their_transposed_copies(nemotron_dir, compile_at_once):
+    model = load_model(nemotron_dir, dtype="float32")
+    eager = _two_calls(model)[1]
+    _compiled(model)
+    graphs = _two_calls(model)[1]
+    assert model.compiled.graph_calls == 1
+    step = model.compiled.graphs[GRAPH].args[0]
+    for layer, fast in zip(step.layers, model.fast.layers, strict=True):
+        for name in ("qkv", "o", "gate_up", "down"):  # the buffers are detached views of the copies
+            assert getattr(layer, f"{name}_t").data_ptr() == getattr(fast, name).transposed.data_ptr()
+    torch.testing.assert_close(graphs, eager, rtol=1e-4, atol=1e-4)

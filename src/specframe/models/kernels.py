@@ -16,19 +16,26 @@ AVX-512 + AMX, 300 MiB L3), one thread, thread CPU time, torch 2.13, other jobs 
   1 / 10 / 18 rows against 32 / 104 / 91 ms plain; bfloat16: prepacked 22 / 26 / 32 ms, plain 30 / 33 / 38;
 * on the 4M-parameter bundled model (matrices of at most 0.5M elements) a oneDNN call's fixed cost (about
   12 us more than ``F.linear``) outweighs its gain in float32: whole calls are 5-15 % slower prepacked at
-  every row count, while in bfloat16 they are 10-15 % faster.
+  every row count, while in bfloat16 they are 10-15 % faster;
+* for such small float32 matrices a transposed contiguous copy (``torch.mm(x, weight_t)``) is the fastest
+  kernel at 1 row and from 4 rows: for a 2048 x 256 matrix 95 / 116 / 157 / 187 us for 1 / 5 / 10 / 18 rows
+  against ``F.linear``'s 104 / 169 / 291 / 264 and oneDNN's 152 / 154 / 204 / 231, and for the bundled
+  model's 17 matrices together 0.59 / 0.76 / 1.03 / 1.47 ms for 1 / 5 / 10 / 18 rows against 0.59 / 0.94 /
+  1.40 / 1.83 ms; at 2-3 rows it loses by 5-15 %. From 1M elements it stops paying against oneDNN.
 
 Hence the policy of :class:`Projection`:
 
 * float32 on the CPU: matrices of at least :data:`PACK_MIN_ELEMENTS` elements are prepacked and use the
-  oneDNN kernel from :data:`PACKED_MIN_ROWS` rows; fewer rows, and smaller matrices, use ``F.linear``;
+  oneDNN kernel from :data:`PACKED_MIN_ROWS` rows, ``F.linear`` below; smaller matrices keep a transposed
+  copy, used except at :data:`TRANSPOSED_SKIP_ROWS` rows (``F.linear`` there), and by compiled graphs at
+  every row count;
 * bfloat16 on the CPU: every matrix prepacked, the oneDNN kernel at every row count;
 * float64 (the exactness tests), float16 and every accelerator: ``F.linear`` (oneDNN has no float64 kernel;
   cuBLAS needs no help).
 
-A prepacked matrix is a second, blocked copy (the plain weight stays, for ``F.linear`` and for training), so
-prepacking is skipped when the copies would not fit comfortably in memory (:func:`prepack_allowed`) or when
-``SPECFRAME_PREPACK=0`` is set.
+A prepacked matrix (or transposed copy) is a second copy (the plain weight stays, for ``F.linear`` and for
+training), so prepacking is skipped when the copies would not fit comfortably in memory
+(:func:`prepack_allowed`) or when ``SPECFRAME_PREPACK=0`` is set.
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ PACKED_MIN_ROWS = 3
 
 PACK_MIN_ELEMENTS = 1 << 20
 """Smallest float32 matrix worth prepacking (below it the oneDNN call's fixed cost dominates)."""
+
+TRANSPOSED_SKIP_ROWS = (2, 3)
+"""Row counts at which a small float32 matrix's transposed copy loses to ``F.linear`` (measured)."""
 
 _PACK_HINT = {torch.float32: 16, torch.bfloat16: 4}  # oneDNN's batch-size hint (measured best of 1/4/16/64)
 _MEMORY_SHARE = 0.25  # prepacked copies may take at most this share of physical memory
@@ -105,17 +115,21 @@ class Projection:
 
     Args:
         weight: ``[out, in]`` weight (kept as is and used by ``F.linear``).
-        prepack: Also keep a prepacked oneDNN copy (see :func:`prepack_allowed`).
+        prepack: Also keep a prepacked oneDNN copy, or for a small float32 matrix a transposed one (see
+            :func:`prepack_allowed`).
     """
 
-    __slots__ = ("weight", "packed", "min_rows", "key", "__weakref__")
+    __slots__ = ("weight", "packed", "transposed", "min_rows", "key", "__weakref__")
 
     def __init__(self, weight: torch.Tensor, *, prepack: bool) -> None:
         self.weight = weight
         self.packed: torch.Tensor | None = None
+        self.transposed: torch.Tensor | None = None
         self.min_rows = 0
         self.key: int | None = None  # with a prepacked copy: the key graphs call it by (see project)
         small = weight.dtype == torch.float32 and weight.numel() < PACK_MIN_ELEMENTS
+        if prepack and small:
+            self.transposed = weight.detach().t().contiguous()
         if prepack and weight.dtype in _PACK_HINT and not small:
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_HINT[weight.dtype])
             self.min_rows = PACKED_MIN_ROWS if weight.dtype == torch.float32 else 1
@@ -126,4 +140,6 @@ class Projection:
         """``x @ weight.T`` for ``x`` shaped ``[R, in]``."""
         if self.packed is not None and x.shape[0] >= self.min_rows:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+        if self.transposed is not None and x.shape[0] not in TRANSPOSED_SKIP_ROWS:
+            return torch.mm(x, self.transposed)
         return F.linear(x, self.weight)
