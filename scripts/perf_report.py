@@ -241,7 +241,8 @@ def _fixed_call(model: Any, fixed: Any, cache: Any, inputs: tuple[torch.Tensor, 
     rows = inputs[0].shape[0]
     length = torch.tensor(cache.length, device=model.device)
     with graphs._compiling("inductor", cpu=model.device.type == "cpu"):
-        (hidden,) = fixed(*inputs, length, cache.keys, cache.values, None)
+        span = model.compiled.span(cache.capacity, cache.length + rows)
+        (hidden,) = fixed(*inputs, length, cache.keys, cache.values, span, None)
     cache.reserve(rows)
     model.fast.logits(hidden)
 

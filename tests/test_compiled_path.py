@@ -216,3 +216,19 @@ def test_inductor_graphs_sample_the_ar_distribution(tmp_path, family, warp):
     counts = sample_counts(lambda seed: decoder.generate(prompt_ids=REAL_PROMPT, seed=seed).output_ids, SAMPLES)
     assert model.compiled.graph_calls > 0
     assert gof_pvalue(counts, exact) > PASS
+
+
+def test_attention_spans_the_rows_up_to_the_call_rounded_up_not_the_whole_capacity(pairs):
+    from specframe.models.compiled import SPAN_STEP
+
+    _, graphs = pairs[NEMOTRON]
+    compiled = graphs.compiled
+    for capacity, end, expected in ((256, 1, SPAN_STEP), (256, SPAN_STEP + 1, 2 * SPAN_STEP), (256, 250, 256)):
+        span = compiled.span(capacity, end)
+        assert torch.equal(span, torch.arange(expected))
+    assert compiled.span(256, 3) is compiled.span(256, 5)  # one tensor per span, reused
+    compiled.cuda = True  # CUDA graphs are captured per shape: there the whole capacity
+    try:
+        assert compiled.span(512, 3).shape[0] == 512
+    finally:
+        compiled.cuda = False

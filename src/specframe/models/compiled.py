@@ -6,11 +6,12 @@ A schedule's steady-state calls repeat a few shapes (AR: 1 row; Packed-SS on Nem
 * the KV cache has a fixed capacity, rounded up to :data:`CAPACITY_STEP` rows so that buffers are reused
   across requests, and zero-filled so that rows not yet written hold no NaN;
 * the graph writes the new rows' keys and values into the cache in place, after the cached rows, and
-  attention runs over the whole capacity under a mask built inside the graph from the cache length (a 0-d
-  tensor, not a Python int: it changes every call without recompiling): cached rows below the length, the
-  new rows as the call's ``[R, R]`` mask says, nothing beyond. Nothing is sliced or concatenated at the
-  capacity's size, and nothing is copied after the call;
-* one graph per model: the row count and the capacity are symbolic, traced with size-oblivious shapes
+  attention runs over the cache's first rows -- on the CPU up to the call's last row rounded up to
+  :data:`SPAN_STEP`, on CUDA the whole capacity -- under a mask built inside the graph from the cache
+  length (a 0-d tensor, not a Python int: it changes every call without recompiling): cached rows below
+  the length, the new rows as the call's ``[R, R]`` mask says, nothing beyond. Nothing is concatenated at
+  the cache's size, and nothing is copied after the call;
+* one graph per model: the row count, the capacity and the span are symbolic, traced with size-oblivious shapes
   (:func:`_any_row_count`) so that the graph holds for 1 row as for 34 -- torch would otherwise specialise
   a graph on a size of 1. Every width and schedule therefore shares it, and a longer request does not
   compile again. Measured on the bundled model (2-core Xeon): the symbolic graph is as fast as a graph
@@ -59,6 +60,10 @@ _CPP_WRAPPER = True  # False: inductor's Python wrapper on the CPU too (for comp
 
 CAPACITY_STEP = 256
 """KV-cache capacities are rounded up to a multiple of this many rows."""
+
+SPAN_STEP = 64
+"""On the CPU, attention spans the cache's rows up to the call's last row rounded up to this many (see
+:meth:`CompiledPath.span`), not its whole capacity."""
 
 COMPILE_AFTER = 3
 """Calls over a non-empty cache before the graph is compiled."""
@@ -123,6 +128,7 @@ class CompiledPath:
         self._captured: tuple | None = None  # what the last compilation produced (see _capture)
         self.direct: DirectCall | None = None  # the graph's compiled code, called without dynamo
         self._length = torch.zeros((), dtype=torch.int64, device=fast.device)  # the cache length, as graph input
+        self._spans: dict[int, torch.Tensor] = {}  # span -> the indices of the rows it spans (see span)
 
     # -- caches --------------------------------------------------------------------------------------------
     def new_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> KVCache:
@@ -155,6 +161,21 @@ class CompiledPath:
         if self._code is None:
             return 0
         return len(torch._dynamo.eval_frame._debug_get_cache_entry_list(self._code))
+
+    def span(self, capacity: int, end: int) -> torch.Tensor:
+        """The indices of the cache rows attention spans for a call ending at row ``end`` (``0, 1, ...``).
+
+        On the CPU the rows up to ``end`` rounded up to :data:`SPAN_STEP` (at most ``capacity``): the rows
+        past a call are masked anyway, and scoring them is a third to two thirds of the attention of a
+        256-row cache over a 128-token answer. The span is a tensor, not a number, so that the graph reads
+        its length as a symbolic size and one graph serves every span. On CUDA the whole capacity (every
+        distinct shape would be a CUDA graph of its own).
+        """
+        rows = capacity if self.cuda else min(capacity, SPAN_STEP * math.ceil(end / SPAN_STEP))
+        span = self._spans.get(rows)
+        if span is None:
+            span = self._spans[rows] = torch.arange(rows, device=self.fast.device)
+        return span
 
     def _graph(self) -> Callable | None:
         """The compiled graph, creating it once it is due (it compiles on its first call)."""
@@ -203,7 +224,8 @@ class CompiledPath:
         length = self._length.fill_(cache.length)
         input_ids, position_ids, attention = _own(call.input_ids), _own(call.position_ids), _own(call.attention)
         adapter_rows = None if adapter_rows is None else _own(adapter_rows)
-        inputs = (input_ids, position_ids, attention, length, cache.keys, cache.values, adapter_rows)
+        span = self.span(cache.capacity, cache.length + rows)
+        inputs = (input_ids, position_ids, attention, length, cache.keys, cache.values, span, adapter_rows)
         if not self._warm:  # trace and compile the graph (or load it from inductor's disk cache)
             started = time.perf_counter()
             traced = inputs if rows > 1 else _two_rows(inputs)
@@ -300,7 +322,7 @@ class DirectCall:
         return not torch.is_grad_enabled() and tuple(None if t is None else t.dtype for t in inputs) == self.dtypes
 
     def __call__(self, inputs: tuple[torch.Tensor | None, ...]) -> Sequence[torch.Tensor]:
-        """The graph's outputs for ``inputs`` (``(ids, positions, attention, length, keys, values, adapter rows)``)."""
+        """The graph's outputs for ``inputs``: ids, positions, attention, length, keys, values, span, adapter rows."""
         args = self.fixed.copy()
         for index, source, dim in self.fills:
             args[index] = inputs[source] if dim is None else inputs[source].shape[dim]
@@ -327,18 +349,20 @@ def _mark_static(weights: nn.Module) -> None:
 def _any_row_count(inputs: tuple[torch.Tensor | None, ...]) -> Iterator[None]:
     """While the graph is traced: its row count and cache capacity symbolic, including a row count of 1.
 
-    The inputs are ``(ids, positions, attention, length, keys, values, adapter rows)``. Their row and
-    capacity dimensions are marked dynamic, and shapes are reasoned about size-obliviously (torch's
+    The inputs are ``(ids, positions, attention, length, keys, values, span, adapter rows)``. Their row,
+    capacity and span dimensions are marked dynamic, and shapes are reasoned about size-obliviously (torch's
     ``backed_size_oblivious``): without it a dimension of size 1 is specialised, and one traced with more
-    rows guards on not being 1, which would split the model's calls over two graphs.
+    rows guards on not being 1, which would split the model's calls over two graphs. Sizes that happen to be
+    equal when the graph is traced (a span equal to the capacity) are not taken to be the same size (no
+    "duck" shapes).
     """
-    ids, positions, attention, _, keys, values, adapter_rows = inputs
-    marks = [(keys, 1), (values, 1), (ids, 0), (positions, 0), (attention, 0), (attention, 1)]
+    ids, positions, attention, _, keys, values, span, adapter_rows = inputs
+    marks = [(keys, 1), (values, 1), (ids, 0), (positions, 0), (attention, 0), (attention, 1), (span, 0)]
     if adapter_rows is not None:
         marks.append((adapter_rows, 0))
     for tensor, dim in marks:
         torch._dynamo.maybe_mark_dynamic(tensor, dim)
-    with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True, use_duck_shape=False):
         yield
 
 
@@ -348,11 +372,11 @@ def _two_rows(inputs: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | N
     Traced from a single row, torch would specialise the graph on that size even with size-oblivious
     shapes; a graph traced from two rows serves one row too. The traced call's results are dropped.
     """
-    ids, positions, attention, length, keys, values, adapter_rows = inputs
+    ids, positions, attention, length, keys, values, span, adapter_rows = inputs
     blocked = torch.zeros(1, 1, dtype=torch.bool, device=attention.device)
     seen = torch.cat([torch.cat([attention, blocked], 1), torch.cat([blocked, ~blocked], 1)])
     adapter = None if adapter_rows is None else adapter_rows.repeat(2)
-    return ids.repeat(2), positions.repeat(2), seen, length, keys, values, adapter
+    return ids.repeat(2), positions.repeat(2), seen, length, keys, values, span, adapter
 
 
 def _compiling(backend: str, cpu: bool = True) -> contextlib.AbstractContextManager:
@@ -493,15 +517,17 @@ class GraphStep(nn.Module):
         length: torch.Tensor,
         cache_keys: torch.Tensor,
         cache_values: torch.Tensor,
+        span: torch.Tensor,
         adapter_rows: torch.Tensor | None,
     ) -> tuple[torch.Tensor]:
         """Normalised hidden states ``[R, hidden]`` (as a 1-tuple); the rows' keys and values go into the cache.
 
         ``cache_keys`` / ``cache_values`` (``[layers, capacity, kv, dim]``) receive the new rows' keys and
-        values at rows ``length`` (a 0-d tensor) to ``length + R``, in place, and attention spans the whole
-        capacity: rows below ``length`` are visible, the new rows as ``attention`` says, the rest not.
+        values at rows ``length`` (a 0-d tensor) to ``length + R``, in place, and attention spans the cache's
+        rows ``span`` (``0, 1, ...``, at least up to ``length + R``): rows below ``length`` are visible, the
+        new rows as ``attention`` says, the rest not.
         """
-        rows, capacity = input_ids.shape[0], cache_keys.shape[1]
+        rows = input_ids.shape[0]
         device = input_ids.device
         if self.cos is None:  # no tables ahead (very long contexts): computed as the eager path does
             cos, sin, scale = self.tables.lookup(position_ids)
@@ -510,7 +536,7 @@ class GraphStep(nn.Module):
             scale = None if self.scale is None else self.scale.index_select(0, position_ids)
         blocked = torch.tensor(float("-inf"), dtype=self.dtype, device=device)
         zero = torch.zeros((), dtype=self.dtype, device=device)
-        columns = torch.arange(capacity, device=device)
+        columns = span
         offset = columns - length  # the new row a column holds, where 0 <= offset < rows
         # own[r, c] = attention[r, offset[c]], as a product with a one-hot [rows, capacity] matrix: a matrix
         # product is a kernel of its own, so the mask is built once per call. A gather (index_select) is
@@ -518,8 +544,8 @@ class GraphStep(nn.Module):
         # model; the product made 10-18 row calls 8-12 % faster there (2-core Xeon, fastest of 30).
         holds = (offset[None, :] == torch.arange(rows, device=device)[:, None]).to(self.dtype)
         own = torch.mm(attention.to(self.dtype), holds) > 0.5
-        mask = torch.where((columns < length) | own, zero, blocked)  # [rows, capacity]
-        mask = mask.repeat(self.heads // self.kv_heads, 1)  # [group * rows, capacity]: query heads by kv head
+        mask = torch.where((columns < length) | own, zero, blocked)  # [rows, span]
+        mask = mask.repeat(self.heads // self.kv_heads, 1)  # [group * rows, span]: query heads by kv head
         slots = length + torch.arange(rows, device=device)
         x = F.embedding(input_ids, self.embed)
         for index, layer in enumerate(self.layers):
@@ -564,8 +590,9 @@ class GraphStep(nn.Module):
         at = (torch.full_like(slots, index), slots)
         keys.index_put_(at, k)
         values.index_put_(at, qkv[:, h + kv :])
-        cached_k = keys[index].transpose(0, 1)  # [kv, capacity, d]
-        cached_v = values[index].transpose(0, 1)
+        visible = mask.shape[1]
+        cached_k = keys[index].narrow(0, 0, visible).transpose(0, 1)  # [kv, span, d]
+        cached_v = values[index].narrow(0, 0, visible).transpose(0, 1)
         # explicit copies and bmm rather than reshape and @: their view / broadcast decisions would guard on
         # the row count being 1 and split the graph in two (see _any_row_count)
         grouped = _copy(q.transpose(0, 1)).view(kv, group * rows, d) * d**-0.5  # heads h = kv x group
