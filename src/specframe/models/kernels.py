@@ -117,6 +117,10 @@ class Projection:
         weight: ``[out, in]`` weight (kept as is and used by ``F.linear``).
         prepack: Also keep a prepacked oneDNN copy, or for a small float32 matrix a transposed one (see
             :func:`prepack_allowed`).
+
+    Attributes:
+        packed: The prepacked oneDNN copy, or ``None``.
+        transposed: The contiguous ``[in, out]`` copy of a small float32 matrix, or ``None``.
     """
 
     __slots__ = ("weight", "packed", "transposed", "min_rows", "key", "__weakref__")
