@@ -232,3 +232,29 @@ def test_attention_spans_the_rows_up_to_the_call_rounded_up_not_the_whole_capaci
         assert compiled.span(512, 3).shape[0] == 512
     finally:
         compiled.cuda = False
+
+
+def test_prompts_run_on_the_graph_once_it_exists_on_the_cpu(pairs, monkeypatch):
+    eager, graphs = pairs[NEMOTRON]
+    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    compiled = graphs.compiled
+    prompt = torch.arange(6) % (VOCAB - 2)
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    first = graphs.new_cache(40)
+    graphs.forward(first, prompt, torch.arange(6), causal)  # no graph yet: eager, not counted towards compiling
+    assert (compiled.eager_calls, compiled.graph_calls, compiled.seen) == (1, 0, 0)
+    first.commit(list(range(6)))
+    graphs.forward(first, prompt[:1], torch.tensor([6]), torch.ones(1, 1, dtype=torch.bool))  # compiles
+    assert compiled.graph_calls == 1
+    cache, reference = graphs.new_cache(40), eager.new_cache(40)
+    got = graphs.forward(cache, prompt, torch.arange(6), causal)  # a new request's prompt: on the graph
+    expected = eager.forward(reference, prompt, torch.arange(6), causal)
+    assert (compiled.eager_calls, compiled.graph_calls) == (1, 2)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
+    cache.commit(list(range(6)))
+    reference.commit(list(range(6)))
+    nxt = (prompt[:2], torch.arange(6, 8), torch.ones(2, 2, dtype=torch.bool).tril())  # the cache the graph wrote
+    torch.testing.assert_close(graphs.forward(cache, *nxt), eager.forward(reference, *nxt), rtol=0, atol=1e-10)
+    monkeypatch.setattr(compiled_module, "PROMPT_ROWS", 5)  # longer prompts stay eager
+    graphs.forward(graphs.new_cache(40), prompt, torch.arange(6), causal)
+    assert compiled.eager_calls == 2
