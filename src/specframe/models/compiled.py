@@ -549,7 +549,7 @@ class GraphStep(nn.Module):
         zero = torch.zeros((), dtype=self.dtype, device=device)
         columns = span
         offset = columns - length  # the new row a column holds, where 0 <= offset < rows
-        # own[r, c] = attention[r, offset[c]], as a product with a one-hot [rows, capacity] matrix: a matrix
+        # own[r, c] = attention[r, offset[c]], as a product with a one-hot [rows, span] matrix: a matrix
         # product is a kernel of its own, so the mask is built once per call. A gather (index_select) is
         # inlined into each layer's softmax and its three passes instead, 12 times per call on the bundled
         # model; the product made 10-18 row calls 8-12 % faster there (2-core Xeon, fastest of 30).
