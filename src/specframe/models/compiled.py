@@ -455,26 +455,21 @@ class _LayerWeights(nn.Module):
     def __init__(self, layer: _Layer) -> None:
         super().__init__()
         lora = layer.lora
+        projections = {"qkv": layer.qkv, "o": layer.o, "gate_up": layer.gate_up, "down": layer.down}
         # matrices with a prepacked copy are multiplied by their Projection, which picks the kernel by row
         # count at run time as on the eager path
         self.packed = {
             name: (p.key, p.weight.shape[0])
-            for name, p in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down))
+            for name, p in projections.items()
             if p.key is not None and _PACKED_IN_GRAPHS
         }
         tensors = {
             "input_norm": layer.input_norm,
             "post_norm": layer.post_norm,
-            "qkv": layer.qkv.weight,
-            "o": layer.o.weight,
-            "gate_up": layer.gate_up.weight,
-            "down": layer.down.weight,
+            **{name: p.weight for name, p in projections.items()},
+            # small float32 matrices: the transposed copy, which graphs use at every row count
+            **{f"{name}_t": p.transposed for name, p in projections.items() if p.transposed is not None},
             "qk_norm": layer.qk_norm,
-            **{  # small float32 matrices: the transposed copy, which graphs use at every row count
-                f"{name}_t": p.transposed
-                for name, p in (("qkv", layer.qkv), ("o", layer.o), ("gate_up", layer.gate_up), ("down", layer.down))
-                if p.transposed is not None
-            },
             "lora_a": None if lora is None else lora.lora_A,
             "lora_b": None if lora is None else lora.lora_B,
         }
