@@ -216,3 +216,29 @@ def test_the_registry_is_collected_once_per_change_of_the_plugin_set(host):
     assert "counted" in second.names("order_policy") and "counted" not in first.names("order_policy")
     unregister_plugin("counting")
     assert "counted" not in host.registry().names("order_policy") and len(calls) == 1
+
+
+def test_a_hook_that_returns_its_registrations_is_reported(host):
+    # A common slip: returning [(name, factory)] instead of calling register(name, factory).
+    def register_schedules(register):
+        return [("returned", lambda: None)]
+
+    host.register(_plugin(register_schedules=register_schedules), name="returner", distribution="returner-dist")
+    registry = host.registry()
+    failure = next(f for f in registry.failures if f.plugin == "returner")
+    assert failure.distribution == "returner-dist"
+    assert "returned a list" in failure.message and "register(name, factory)" in failure.message
+    with pytest.raises(UnknownPluginError, match="returner"):  # the unknown name's message points at it
+        registry.get("schedule", "returned")
+
+
+def test_reusing_a_builtin_name_says_to_rename_it_not_to_uninstall_the_builtin(host):
+    def register_schedules(register):
+        register("packed", lambda: None)
+
+    host.register(_plugin(register_schedules=register_schedules), name="copycat", distribution="copycat-dist")
+    with pytest.raises(DuplicatePluginError) as info:
+        host.registry().get("schedule", "packed")
+    message = str(info.value)
+    assert "built-in name" in message and "rename it in the plugin" in message
+    assert "uninstall 'copycat-dist'" in message and "uninstall one of them" not in message

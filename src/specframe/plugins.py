@@ -10,8 +10,9 @@ The environment variable ``SPECFRAME_LOAD_PLUGINS`` limits which entry points lo
 entry-point or distribution names, or the empty string for none. Built-ins always load.
 
 One broken plugin never breaks the others: an import error, an invalid hook implementation, an exception
-raised while registering, or a bad ``register`` call is recorded as a :class:`PluginFailure` naming the plugin
-and its distribution, and everything else keeps working. Two plugins claiming one name are reported only
+raised while registering, a hook that returns something instead of calling ``register``, or a bad
+``register`` call is recorded as a :class:`PluginFailure` naming the plugin and its distribution, and
+everything else keeps working. Two plugins claiming one name are reported only
 when that name is used, naming both.
 """
 
@@ -179,10 +180,16 @@ class Registry:
             raise UnknownPluginError(f"unknown {label} {name!r}; known {plural}: {known}{hint}")
         if len(group) > 1:
             owners = " and ".join(f"plugin {e.plugin!r} (distribution {e.distribution!r})" for e in group)
-            raise DuplicatePluginError(
-                f"{label} {name!r} is registered by both {owners}; uninstall one of them or restrict loading "
-                f"with {LOAD_ENV}"
-            )
+            others = sorted({e.distribution for e in group if e.distribution != BUILTIN_DISTRIBUTION})
+            if len(others) < len(group):  # a built-in is one of them: it cannot be uninstalled
+                dists = " and ".join(map(repr, others))
+                remedy = (
+                    f"{name!r} is a built-in name, which plugins must not reuse: rename it in the plugin, or "
+                    f"uninstall {dists} or leave it out of {LOAD_ENV}"
+                )
+            else:
+                remedy = f"uninstall one of them or restrict loading with {LOAD_ENV}"
+            raise DuplicatePluginError(f"{label} {name!r} is registered by both {owners}; {remedy}")
         return group[0]
 
     def _failure_hint(self) -> str:
@@ -294,10 +301,20 @@ class PluginHost:
                 distribution = self._distributions.get(plugin_name, "<local>")
                 register = _make_register(registry, kind, plugin_name, distribution)
                 try:
-                    impl.function(register=register)
+                    returned = impl.function(register=register)
                 except Exception as exc:
                     registry.failures.append(
                         PluginFailure(plugin_name, distribution, f"{hook_name} raised {_describe(exc)}")
+                    )
+                    continue
+                if returned is not None:  # e.g. a list of (name, factory): it would register nothing
+                    registry.failures.append(
+                        PluginFailure(
+                            plugin_name,
+                            distribution,
+                            f"{hook_name} returned a {type(returned).__name__}, which is ignored; a hook returns "
+                            "nothing and calls register(name, factory) once per implementation instead",
+                        )
                     )
         return registry
 
