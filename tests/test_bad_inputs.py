@@ -226,6 +226,7 @@ class _Broken:
         register("raises", raises)
         register("wrong-type", lambda: object())
         register("ok", _Rule)
+        register("no-verify", _NoVerify)
 
 
 class _Rule(AcceptanceRule):
@@ -236,8 +237,20 @@ class _Rule(AcceptanceRule):
         raise NotImplementedError
 
 
+class _NoVerify(AcceptanceRule):
+    """A rule that forgot verify(): a bug in the plugin, not in the user's configuration."""
+
+    def propose(self, logits, generator):  # pragma: no cover - never called
+        raise NotImplementedError
+
+
 @pytest.mark.parametrize(
-    ("name", "message"), [("raises", "failed while being built: RuntimeError: boom"), ("wrong-type", "returned object")]
+    ("name", "message"),
+    [
+        ("raises", "failed while being built: RuntimeError: boom"),
+        ("wrong-type", "returned object"),
+        ("no-verify", "class _NoVerify does not implement verify, which every acceptance rule"),
+    ],
 )
 def test_a_failing_plugin_factory_names_the_plugin(model, name, message):
     with plugin_registered(_Broken(), "broken_rules"), pytest.raises(PluginError) as info:

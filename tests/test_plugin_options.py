@@ -100,11 +100,14 @@ def test_an_unknown_option_names_the_plugin_and_its_options(capsys):
     err = capsys.readouterr().err
     assert code == 1
     assert "schedule 'tunable' does not take option(s) 'patiense'; it takes: patience, label, eager" in err
+    assert "(plugin 'tunable_plugin', distribution '<local>')" in err
 
 
 def test_a_builtin_without_options_says_so(capsys):
     assert main(["generate", "x", "--order", "ltr:depth=2", "--max-new-tokens", "2"]) == 1
-    assert "order 'ltr' does not take option(s) 'depth'; it takes: no options" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "order 'ltr' does not take option(s) 'depth'; it takes: no options" in err
+    assert "distribution" not in err  # a built-in needs no origin
 
 
 def test_bench_methods_and_records_carry_the_options(capsys, tmp_path):

@@ -39,7 +39,7 @@ from specframe.models.hub import model_display_name
 from specframe.models.threads import apply_threads, check_threads
 from specframe.models.tokenizer import unicode_problem
 from specframe.orders.base import OrderPolicy
-from specframe.plugins import KINDS, PluginEntry, get_registry
+from specframe.plugins import BUILTIN_DISTRIBUTION, KINDS, PluginEntry, get_registry
 from specframe.schedules.base import Schedule
 
 # What each kind's factory must return.
@@ -204,6 +204,14 @@ def build_plugin(entry: PluginEntry, field_name: str, options: Mapping[str, Any]
             plugin and its distribution).
     """
     origin = f"(plugin {entry.plugin!r}, distribution {entry.distribution!r})"
+    expected = PRODUCTS.get(entry.kind)
+    if inspect.isclass(entry.factory) and inspect.isabstract(entry.factory):
+        missing = ", ".join(sorted(entry.factory.__abstractmethods__))
+        interface = f" ({expected.__module__}.{expected.__qualname__})" if expected is not None else ""
+        raise PluginError(
+            f"{field_name} {entry.name!r} {origin}: class {entry.factory.__qualname__} does not implement {missing}, "
+            f"which every {KINDS[entry.kind][1]}{interface} must; this is a bug in that plugin"
+        )
     try:
         signature = inspect.signature(entry.factory)
     except (TypeError, ValueError):  # some builtins and C callables have no signature: let the call decide
@@ -224,7 +232,6 @@ def build_plugin(entry: PluginEntry, field_name: str, options: Mapping[str, Any]
             f"{field_name} {entry.name!r} {origin} failed while being built: {type(exc).__name__}: {exc}; this "
             "is a bug in that plugin (report it to its authors, or choose another one)"
         ) from exc
-    expected = PRODUCTS.get(entry.kind)
     if expected is not None and not isinstance(product, expected):
         raise PluginError(
             f"{field_name} {entry.name!r} {origin}: its factory returned {type(product).__name__}, not a "
@@ -241,6 +248,8 @@ def _option_problem(
     required = [p.name for p in parameters if p.name in accepted and p.default is p.empty and p.name not in options]
     unknown = sorted(set(options) - set(accepted))
     takes = ", ".join(accepted) if accepted else "no options"
+    if entry.distribution != BUILTIN_DISTRIBUTION:  # say whose options these are
+        takes += f" (plugin {entry.plugin!r}, distribution {entry.distribution!r})"
     if unknown:
         return f"{field_name} {entry.name!r} does not take option(s) {', '.join(map(repr, unknown))}; it takes: {takes}"
     return f"{field_name} {entry.name!r} needs option(s) {', '.join(map(repr, required))}; it takes: {takes}"
