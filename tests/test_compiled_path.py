@@ -92,6 +92,22 @@ def test_caches_have_a_fixed_zeroed_capacity_and_reuse_free_buffers(pairs):
     assert again.keys.data_ptr() == pointer and not again.keys.any()
 
 
+def test_a_cache_made_under_inference_mode_is_not_reused_outside_it(pairs):
+    """Calibration (width "auto") times calls under torch.inference_mode; its freed cache buffers are inference
+    tensors, which torch refuses to zero or write outside that mode: the next request's cache of the same
+    capacity crashed ``specframe generate --compile`` on a machine with no cost model cached yet."""
+    eager, graphs = pairs[NEMOTRON]
+    with torch.inference_mode():
+        graphs.new_cache(10)  # freed at once: its buffers go back to the pool
+    cache = graphs.new_cache(10)
+    assert not cache.keys.is_inference() and not cache.keys.any()
+    reference = generate(eager, "ar", [1, 2, 3], 8).output_ids
+    assert generate(graphs, "packed", [1, 2, 3], 8, width=3).output_ids == reference
+    with torch.inference_mode():  # the other way round stays allowed: a normal buffer is reused there
+        pointer = graphs.new_cache(10).keys.data_ptr()
+        assert graphs.new_cache(10).keys.data_ptr() == pointer
+
+
 def test_one_graph_serves_every_row_count_and_capacity(pairs):
     eager, graphs = pairs[SETDLM]
     graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")

@@ -140,11 +140,17 @@ class CompiledPath:
 
     # -- caches --------------------------------------------------------------------------------------------
     def new_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> KVCache:
-        """A zero-filled cache whose capacity is rounded up to :data:`CAPACITY_STEP` (buffers reused when free)."""
+        """A zero-filled cache whose capacity is rounded up to :data:`CAPACITY_STEP` (buffers reused when free).
+
+        Free buffers made under ``torch.inference_mode`` are reused only under it: torch refuses to write
+        inference tensors outside that mode.
+        """
         capacity = CAPACITY_STEP * math.ceil(max(capacity, 1) / CAPACITY_STEP)
         cache = KVCache(num_layers, num_kv_heads, head_dim, 1, self.fast.dtype, self.fast.device)
         pooled = self._pool.get(capacity)
-        if pooled is not None and (pooled[2] is None or pooled[2]() is None):
+        # Buffers made under torch.inference_mode (the cost calibration's) cannot be written outside it.
+        writable = pooled is not None and (not pooled[0].is_inference() or torch.is_inference_mode_enabled())
+        if pooled is not None and writable and (pooled[2] is None or pooled[2]() is None):
             keys, values = pooled[0], pooled[1]
             keys.zero_()
             values.zero_()
