@@ -7,7 +7,8 @@ Subcommands:
   object with text, ids and metrics;
 * ``specframe bench`` and ``specframe train`` live in their own modules and are loaded on demand.
 
-Errors exit non-zero with a one-line message and no traceback (set ``SPECFRAME_DEBUG=1`` to see one).
+Errors exit non-zero with a one-line message and no traceback (set ``SPECFRAME_DEBUG=1`` to see one, also for
+an error raised from another, such as a plugin's failure while decoding).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except SpecframeError as exc:
+        if exc.__cause__ is not None and os.environ.get("SPECFRAME_DEBUG"):
+            raise  # e.g. a plugin's bug: the traceback of what it raised comes with it
         return _fail(str(exc))
     except KeyboardInterrupt:
         return _fail("interrupted")

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specframe.acceptance.base import AcceptanceRule
+from specframe.blame import remember
 from specframe.choice import setup as choice_setup
 from specframe.choice.setup import check_cost
 from specframe.decoder import Decoder, seed_problem
@@ -237,6 +238,7 @@ def build_plugin(entry: PluginEntry, field_name: str, options: Mapping[str, Any]
             f"{field_name} {entry.name!r} {origin}: its factory returned {type(product).__name__}, not a "
             f"{KINDS[entry.kind][1]} ({expected.__module__}.{expected.__qualname__}); this is a bug in that plugin"
         )
+    remember(product, entry)  # errors it raises while decoding name its plugin
     return product
 
 

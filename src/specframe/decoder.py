@@ -21,19 +21,25 @@ from typing import Any
 import torch
 
 from specframe.acceptance.base import AcceptanceRule
-from specframe.errors import InputError
+from specframe.blame import contract_error, plugin_failure
+from specframe.errors import InputError, SpecframeError
 from specframe.masks.base import MaskBuilder
 from specframe.metrics import Metrics
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
 from specframe.models.calls import caller_checked
 from specframe.orders.base import OrderPolicy
-from specframe.plan import PhysicalCall
+from specframe.plan import CallPlan, PhysicalCall
 from specframe.schedules.base import Schedule
 from specframe.state import DecodeContext, DecodeState
 from specframe.streaming import IncrementalText
 
 MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
+
+
+def _draft_count(value: object, plan: CallPlan) -> bool:
+    """Whether ``value``, returned by a schedule's ``update`` for ``plan``, is a valid count of accepted drafts."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= len(plan.chain)
 
 
 def fits_context(prompt_tokens: int, max_new_tokens: int, model: ModelBackend) -> bool:
@@ -261,29 +267,54 @@ class Decoder:
         rows_per_call, choices = metrics.rows_per_call, metrics.choices
         sync()
         started = clock()
-        while not state.done:
-            if metrics.nfe >= budget:
-                raise RuntimeError(f"schedule {schedule.name!r} made no progress after {metrics.nfe} calls")
-            plan = schedule.plan(state)
-            call = builder.physical(plan)
-            ids = call.input_ids
-            forward_started = clock()
-            with caller_checked(call.checked):
-                logits = model.forward(
-                    cache, ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
-                )
-            sync()
-            metrics.model_s += clock() - forward_started
-            metrics.nfe += 1
-            rows_per_call.append(ids.shape[0])
-            choices.append((schedule.label(), plan.width))
-            result = builder.read(call, logits)
-            drafts_accepted = schedule.update(state, plan, result)
-            state.calls += 1
-            self._commit(state, call, cache, drafts_accepted)
-            metrics.wall_s += clock() - started
-            yield
-            started = clock()
+        try:
+            while not state.done:
+                if metrics.nfe >= budget:
+                    raise RuntimeError(f"schedule {schedule.name!r} made no progress after {metrics.nfe} calls")
+                plan = schedule.plan(state)
+                if plan.__class__ is not CallPlan and not isinstance(plan, CallPlan):
+                    raise contract_error(schedule, "schedule", f"plan() returned {type(plan).__name__}, not a CallPlan")
+                call = builder.physical(plan)
+                ids = call.input_ids
+                forward_started = clock()
+                with caller_checked(call.checked):
+                    logits = model.forward(
+                        cache, ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
+                    )
+                sync()
+                metrics.model_s += clock() - forward_started
+                metrics.nfe += 1
+                rows_per_call.append(ids.shape[0])
+                choices.append((schedule.label(), plan.width))
+                result = builder.read(call, logits)
+                verified = len(state.verifications)
+                drafts_accepted = schedule.update(state, plan, result)
+                if plan.num_verify and len(state.verifications) == verified:
+                    raise contract_error(
+                        schedule,
+                        "schedule",
+                        "update() accepted nothing from a call that verified a window; pass the call's result to "
+                        "verify_planned_chain (or verify_and_propose), which accepts the verdict into the state",
+                    )
+                if not _draft_count(drafts_accepted, plan):
+                    raise contract_error(
+                        schedule,
+                        "schedule",
+                        f"update() returned {drafts_accepted!r}, not the number of chain tokens it accepted "
+                        f"(an int from 0 to {len(plan.chain)}: the verdict's accepted)",
+                    )
+                state.calls += 1
+                self._commit(state, call, cache, drafts_accepted)
+                metrics.wall_s += clock() - started
+                yield
+                started = clock()
+        except SpecframeError:
+            raise
+        except Exception as exc:  # name the third-party plugin whose code raised it, if any
+            failure = plugin_failure(exc, (schedule, self.order, self.rule, builder))
+            if failure is None:
+                raise
+            raise failure from exc
         sync()
         metrics.wall_s += clock() - started
 

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import torch
 
 from specframe.acceptance.base import DraftRef, Proposals, Verdict, draft_tokens
+from specframe.blame import contract_error
 from specframe.hostread import read_together
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.state import DecodeState
@@ -86,7 +87,9 @@ def verification_window(state: DecodeState) -> VerificationWindow:
     order = ctx.order.order(window, state.scores)
     in_order = order == window  # (a left-to-right policy's order needs no further check)
     if not in_order and sorted(order) != window:
-        raise RuntimeError(f"order policy {ctx.order.describe()} returned {order} for window {window}")
+        raise contract_error(
+            ctx.order, "order policy", f"order() returned {order} for the window {window}, not a permutation of it"
+        )
     chain = list(map(state.drafts.get, order))  # the stored drafts by rank, up to the first rank without one
     if None in chain:
         del chain[chain.index(None) :]
@@ -135,6 +138,8 @@ def verify_planned_chain(state: DecodeState, plan: CallPlan, result: CallResult)
     ctx = state.ctx
     chain = planned_chain(state, plan)
     verdict = ctx.rule.verify(chain, result.verify_logits, ctx.generator)
+    if verdict.__class__ is not Verdict and not isinstance(verdict, Verdict):
+        raise contract_error(ctx.rule, "acceptance rule", f"verify() returned {type(verdict).__name__}, not a Verdict")
     accept_verdict(state, plan, chain, verdict)
     return verdict
 
@@ -155,12 +160,27 @@ def verify_and_propose(state: DecodeState, plan: CallPlan, result: CallResult) -
         logits = torch.cat([result.verify_logits, result.draft_logits[0]])
     elif logits.shape[0] != rows:
         logits = logits[:rows]
-    proposals, verdict = ctx.rule.propose_and_verify(chain, logits, num_verify, ctx.generator)
+    pair = ctx.rule.propose_and_verify(chain, logits, num_verify, ctx.generator)
+    problem = _pair_problem(pair)
+    if problem:
+        raise contract_error(ctx.rule, "acceptance rule", problem)
+    proposals, verdict = pair
     if proposals is not None and ctx.order.uses_scores:
         proposals.with_scores()
     read_together(verdict, proposals)
     accept_verdict(state, plan, chain, verdict)
     return verdict, proposals
+
+
+def _pair_problem(pair: object) -> str | None:
+    """What is wrong with ``pair`` as the ``(Proposals or None, Verdict)`` of ``propose_and_verify``, if anything."""
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        return f"propose_and_verify() returned {type(pair).__name__}, not a pair (Proposals or None, Verdict)"
+    if pair[0] is not None and not isinstance(pair[0], Proposals):
+        return f"its proposals (from propose() or propose_and_verify()) are a {type(pair[0]).__name__}, not Proposals"
+    if not isinstance(pair[1], Verdict):
+        return f"its verdict (from verify() or propose_and_verify()) is a {type(pair[1]).__name__}, not a Verdict"
+    return None
 
 
 def store_drafts(

@@ -1,0 +1,153 @@
+"""A third-party plugin that breaks its interface while decoding gets an error naming it, not a bare traceback.
+
+Each plugin here makes one mistake a plugin author makes (found by writing plugins from the documentation
+alone): a plan or verdict of the wrong type, an update that returns nothing or accepts nothing, an order that
+is not a permutation, a method that raises. Built-in code that raises is never blamed on a plugin.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from decoding_helpers import NEMOTRON, SETDLM, tiny_model
+from specframe import compose
+from specframe.acceptance.greedy import GreedyAcceptance
+from specframe.cli import main
+from specframe.errors import PluginError
+from specframe.hookspecs import hookimpl
+from specframe.models.testing import write_random_checkpoint
+from specframe.orders.base import OrderPolicy
+from specframe.plugins import plugin_registered
+from specframe.schedules.base import Schedule, verify_only_plan, verify_planned_chain
+
+
+@pytest.fixture(scope="module", params=[NEMOTRON, SETDLM])
+def model(request, tmp_path_factory):
+    return tiny_model(request.param, tmp_path_factory.mktemp("contracts"), vocab=12, seed=1)
+
+
+class _PlanDict(Schedule):
+    def plan(self, state):
+        return {"order": ()}
+
+    def update(self, state, plan, result):  # pragma: no cover - never reached
+        return 0
+
+
+class _UpdateNone(Schedule):
+    def plan(self, state):
+        return verify_only_plan(state)
+
+    def update(self, state, plan, result):
+        verify_planned_chain(state, plan, result)  # forgets to return the verdict's accepted
+
+
+class _AcceptsNothing(Schedule):
+    def plan(self, state):
+        return verify_only_plan(state)
+
+    def update(self, state, plan, result):
+        return 0  # never passes the result to the acceptance rule
+
+
+class _PlanRaises(Schedule):
+    def plan(self, state):
+        raise RuntimeError("boom in plan")
+
+    def update(self, state, plan, result):  # pragma: no cover - never reached
+        return 0
+
+
+class _DropsOne(OrderPolicy):
+    left_to_right = True
+    uses_scores = False
+
+    def order(self, positions, scores):
+        return list(positions)[:-1]
+
+
+class _TupleVerdict(GreedyAcceptance):
+    def verify(self, drafts, logits, generator):
+        return (0, int(logits[0].argmax()))
+
+
+class _VerifyRaises(GreedyAcceptance):
+    def verify(self, drafts, logits, generator):
+        raise ValueError("boom in verify")
+
+
+class _Plugin:
+    @hookimpl
+    def register_schedules(self, register):
+        register("plan-dict", _PlanDict)
+        register("update-none", _UpdateNone)
+        register("accepts-nothing", _AcceptsNothing)
+        register("plan-raises", _PlanRaises)
+
+    @hookimpl
+    def register_order_policies(self, register):
+        register("drops-one", _DropsOne)
+
+    @hookimpl
+    def register_acceptance_rules(self, register):
+        register("tuple-verdict", _TupleVerdict)
+        register("verify-raises", _VerifyRaises)
+
+
+@pytest.fixture(autouse=True)
+def registered():
+    with plugin_registered(_Plugin(), "contract_breakers"):
+        yield
+
+
+CASES = [
+    ({"schedule": "plan-dict"}, "schedule 'plan-dict'", "plan() returned dict, not a CallPlan"),
+    ({"schedule": "update-none"}, "schedule 'update-none'", "update() returned None"),
+    ({"schedule": "accepts-nothing"}, "schedule 'accepts-nothing'", "update() accepted nothing"),
+    ({"schedule": "plan-raises"}, "schedule 'plan-raises'", "raised RuntimeError: boom in plan while decoding"),
+    ({"order": "drops-one", "width": 3}, "order policy 'drops-one'", "not a permutation"),
+    ({"acceptance": "tuple-verdict", "width": 3}, "acceptance rule 'tuple-verdict'", "is a tuple, not a Verdict"),
+    ({"acceptance": "verify-raises"}, "acceptance rule 'verify-raises'", "raised ValueError: boom in verify"),
+]
+
+
+@pytest.mark.parametrize(("config", "who", "what"), CASES, ids=[c[0][next(iter(c[0]))] for c in CASES])
+def test_a_broken_plugin_is_named_with_what_it_did(model, config, who, what):
+    decoder = compose({"model": model, "max_new_tokens": 6, "cost": {"tau": 1e-3, "delta": 1e-5}, **config})
+    with pytest.raises(PluginError) as info:
+        decoder.generate(prompt_ids=[3, 4, 5])
+    message = str(info.value)
+    assert who in message and "(plugin 'contract_breakers', distribution '<local>')" in message
+    assert what in message and "bug in that plugin" in message
+
+
+def test_the_plugins_own_exception_is_the_cause(model):
+    decoder = compose({"model": model, "schedule": "plan-raises", "max_new_tokens": 4})
+    with pytest.raises(PluginError) as info:
+        decoder.generate(prompt_ids=[3, 4, 5])
+    assert isinstance(info.value.__cause__, RuntimeError) and str(info.value.__cause__) == "boom in plan"
+
+
+def test_a_builtin_that_raises_is_not_blamed_on_a_plugin(model, monkeypatch):
+    from specframe.schedules.packed import PackedSchedule
+
+    def broken(self, state):
+        raise RuntimeError("a bug of specframe's own")
+
+    monkeypatch.setattr(PackedSchedule, "plan", broken)
+    decoder = compose({"model": model, "schedule": "packed", "width": 2, "max_new_tokens": 4})
+    with pytest.raises(RuntimeError, match="a bug of specframe's own"):
+        decoder.generate(prompt_ids=[3, 4, 5])
+
+
+def test_the_command_line_prints_one_line_or_with_debug_the_traceback(capsys, monkeypatch, tmp_path):
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1)
+    args = ["generate", "--model", str(folder), "--schedule", "plan-raises", "--max-new-tokens", "2",
+            "--prompt-ids", "3,4,5"]  # fmt: skip
+    monkeypatch.delenv("SPECFRAME_DEBUG", raising=False)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: schedule 'plan-raises' (plugin 'contract_breakers'") and err.count("\n") == 1
+    monkeypatch.setenv("SPECFRAME_DEBUG", "1")
+    with pytest.raises(PluginError):
+        main(args)
