@@ -86,6 +86,14 @@ def test_temperature_zero_with_sampling_options_is_refused(extra):
         decoder_config(_args("--temperature", "0", *extra))
 
 
+def test_temperature_zero_with_another_rule_names_the_rule_not_sampling():
+    # A plugin's rule may well be deterministic: what conflicts is the rule, not sampling.
+    with pytest.raises(ConfigError) as info:
+        decoder_config(_args("--temperature", "0", "--acceptance", "greedy-high"))
+    message = str(info.value)
+    assert "--acceptance greedy-high names another rule" in message and "asks for sampling" not in message
+
+
 def test_temperature_zero_alone_is_greedy():
     assert decoder_config(_args("--temperature", "0"))["acceptance"] == "greedy"
 

@@ -71,6 +71,11 @@ def test_plugin_options_are_validated_against_the_factory(models):
         compose({"model": models[SETDLM], "schedule": {"name": "native", "threshold": 2}})
 
 
+def test_the_command_line_option_form_in_a_configuration_says_to_use_a_mapping():
+    with pytest.raises(ConfigError, match=r"command line's NAME:key=value form.*\{'name': 'kbranch', 'key'"):
+        compose({"schedule": "kbranch:k=3"})  # refused before any model is loaded
+
+
 def test_dataclass_and_overrides(models):
     config = DecoderConfig(model=models[SETDLM], schedule="linear", width=3, max_new_tokens=5)
     decoder = compose(config, schedule="packed")

@@ -202,8 +202,8 @@ def width_value(text: str) -> int | str:
 def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> dict[str, Any]:
     """The decoder config a parsed command line asks for.
 
-    ``--temperature 0`` alone means greedy decoding; combined with ``--top-k``, ``--top-p`` or a sampling
-    ``--acceptance`` rule it is refused, because it cannot mean both.
+    ``--temperature 0`` alone means greedy decoding; combined with ``--top-k``, ``--top-p`` or an
+    ``--acceptance`` rule other than ``greedy`` it is refused, because it cannot mean both.
 
     Raises:
         ConfigError: For malformed plugin specs, bad escapes in ``--stop``, or contradictory sampling options.
@@ -218,6 +218,13 @@ def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> 
     acceptance: Any = parse_spec(args.acceptance, option="--acceptance") if args.acceptance else None
     if sampling.get("temperature") == 0:
         given = [f"--{k.replace('_', '-')}" for k in sampling if k != "temperature"]
+        if acceptance is not None and _name(acceptance) != "greedy" and not given:
+            # (which may be a plugin's deterministic rule: it is not the sampling that conflicts, the rule is)
+            raise ConfigError(
+                f"--temperature 0 means greedy decoding with the built-in greedy rule, but --acceptance "
+                f"{args.acceptance} names another rule; drop --temperature 0 (a rule's own options go after its "
+                "name, NAME:key=value), or drop --acceptance for greedy decoding"
+            )
         if acceptance is not None and _name(acceptance) != "greedy":
             given.append(f"--acceptance {args.acceptance}")
         if given:

@@ -185,6 +185,12 @@ def plugin_spec(field_name: str, value: str | Mapping[str, Any]) -> tuple[str, d
     if isinstance(value, str):
         if not value.strip():
             raise ConfigError(f"{field_name} is an empty string; give a registered {field_name} name")
+        name, colon, options = value.partition(":")
+        if colon and "=" in options:  # the command line's NAME:key=value, which names no plugin
+            raise ConfigError(
+                f"{field_name} {value!r} is the command line's NAME:key=value form; in a configuration, give "
+                f"the options in a mapping: {{'name': {name!r}, 'key': value, ...}}"
+            )
         return value, {}
     if isinstance(value, Mapping):
         options = dict(value)
