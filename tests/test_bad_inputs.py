@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import warnings
 
 import numpy as np
@@ -531,3 +532,110 @@ def test_a_cost_cache_folder_that_is_a_file_is_refused(model, tmp_path, monkeypa
     monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path / "file"))
     with pytest.raises(ConfigError, match="SPECFRAME_CACHE_DIR=.* is a file, so cost models cannot be cached"):
         compose({"model": model, "schedule": "packed", "width": "auto"})
+
+
+# -- trial 3: values that were coerced, defaulted or reported as something else ----------------------------
+def _bench_settings(*argv):
+    from specframe.bench.cli import settings_from_args
+
+    argv = ("bench", "--out", "unused", *argv)
+    return settings_from_args(build_parser(argv).parse_args(argv))
+
+
+@pytest.mark.parametrize("seed", ["-1", "-5"])
+def test_a_negative_bootstrap_seed_is_refused_before_the_run(seed):
+    with pytest.raises(ConfigError, match=f"--bootstrap-seed must be an integer >= 0, got {seed}"):
+        _bench_settings("--bootstrap-seed", seed)
+
+
+def test_a_task_file_that_is_a_folder_is_named_as_one(tmp_path):
+    from specframe.bench.tasks.files import read_rows
+    from specframe.errors import SpecframeError
+
+    with pytest.raises(SpecframeError, match=f"task file {tmp_path} is a folder, not a file"):
+        read_rows(tmp_path)
+
+
+@pytest.mark.parametrize("top_k", [VOCAB + 1, 10**9])
+def test_a_top_k_beyond_the_vocabulary_is_refused_not_clamped(model, top_k):
+    with pytest.raises(ConfigError, match=f"top_k {top_k} exceeds the vocabulary of model .* \\({VOCAB} tokens\\)"):
+        compose({"model": model, "acceptance": {"name": "rejection", "top_k": top_k}})
+    assert compose({"model": model, "acceptance": {"name": "rejection", "top_k": VOCAB}}).rule.describe()["top_k"]
+
+
+@pytest.mark.parametrize("value", ["", " "])
+def test_an_empty_device_is_refused_not_read_as_the_cpu(model, value):
+    with pytest.raises(ConfigError, match="device is an empty string"):
+        compose({"device": value, "max_new_tokens": 2})
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [("--device", "device is an empty string"), ("--acceptance", "--acceptance '' has no plugin name")],
+)
+def test_empty_options_on_the_command_line_are_refused(capsys, option, message):
+    code, out, err = _cli(capsys, "generate", "x", "--max-new-tokens", "2", option, "")
+    assert code == 1 and out == "" and message in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--prompt-ids", "1,,2", "--prompt-ids '1,,2': entry 2 is empty"),
+        ("--prompt-ids", "1,2,", "--prompt-ids '1,2,': entry 3 is empty"),
+    ],
+)
+def test_empty_entries_in_prompt_ids_are_refused(capsys, option, value, message):
+    code, _, err = _cli(capsys, "generate", "--max-new-tokens", "2", option, value)
+    assert code == 1 and message in err, err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--widths", ""), "--widths '': entry 1 is empty"),
+        (("--widths", "4,"), "--widths '4,': entry 2 is empty"),
+        (("--widths", "4,,8"), "--widths '4,,8': entry 2 is empty"),
+        (("--schedules", "ar,"), "--schedules 'ar,': entry 2 is empty"),
+        (("--schedules", "ar,,packed"), "--schedules 'ar,,packed': entry 2 is empty"),
+    ],
+)
+def test_empty_entries_in_bench_lists_are_refused(argv, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        _bench_settings(*argv)
+
+
+def _edit_config(folder, edit):
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("value", ["abc", -1, 1, None])
+def test_a_setdlm_tie_word_embeddings_that_is_not_a_boolean_is_refused(tmp_path, value):
+    from decoding_helpers import SETDLM
+
+    folder = write_random_checkpoint(SETDLM, tmp_path / "m", seed=1, tokenizer=False)
+    _edit_config(folder, lambda c: c["backbone_config"].__setitem__("tie_word_embeddings", value))
+    with pytest.raises(CheckpointError, match=f"tie_word_embeddings={value!r} \\(expected true or false\\)"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("field", ["mask_token_id", "eos_token_id"])
+def test_a_special_token_id_that_is_not_an_integer_names_the_file_and_field(tmp_path, field):
+    from decoding_helpers import SETDLM
+
+    folder = write_random_checkpoint(SETDLM, tmp_path / "m", seed=1, tokenizer=False)
+    _edit_config(folder, lambda c: c.__setitem__(field, "abc"))
+    with pytest.raises(CheckpointError, match=f"{folder}/config.json: {field}='abc' is not a token id"):
+        load_model(folder)
+
+
+@pytest.mark.parametrize("value", [99999, ["float32"], True])
+def test_a_torch_dtype_that_is_not_a_name_is_refused(tmp_path, value):
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False)
+    _edit_config(folder, lambda c: c.__setitem__("torch_dtype", value))
+    with pytest.raises(CheckpointError, match=re.escape(f"has torch_dtype {value!r}, which is not a dtype")):
+        load_model(folder)
+    assert load_model(folder, dtype="float32").dtype == torch.float32  # an explicit dtype leaves it unused

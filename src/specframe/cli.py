@@ -215,7 +215,7 @@ def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> 
         for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p))
         if v is not None
     }
-    acceptance: Any = parse_spec(args.acceptance, option="--acceptance") if args.acceptance else None
+    acceptance: Any = parse_spec(args.acceptance, option="--acceptance") if args.acceptance is not None else None
     if sampling.get("temperature") == 0:
         given = [f"--{k.replace('_', '-')}" for k in sampling if k != "temperature"]
         if acceptance is not None and _name(acceptance) != "greedy" and not given:
@@ -382,8 +382,13 @@ def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None
     if args.prompt is not None and args.prompt_ids is not None:
         raise InputError("give either a PROMPT or --prompt-ids, not both")
     if args.prompt_ids is not None:
+        from specframe.specs import comma_items
+
+        if not args.prompt_ids.strip():
+            return None, []  # the decoder says that the prompt is empty
+        parts = comma_items(args.prompt_ids, option="--prompt-ids")
         try:
-            ids = [int(part) for part in args.prompt_ids.split(",") if part.strip()]
+            ids = [int(part) for part in parts]
         except ValueError:
             raise InputError(
                 f"--prompt-ids must be comma-separated integers like 1,2,3, got {args.prompt_ids!r}"

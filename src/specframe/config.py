@@ -145,6 +145,8 @@ class DecoderConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{name} must be a string or None, got {value!r}")
+        if isinstance(self.device, str) and not self.device.strip():
+            raise ConfigError("device is an empty string; give 'cpu', 'cuda', 'cuda:1', ... or None for the CPU")
         if isinstance(self.model, ModelBackend):
             given = [n for n in ("device", "dtype", "revision") if getattr(self, n) is not None]
             if given:
@@ -297,6 +299,7 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     builder.check_order(order, order_name)
     rule_name, rule_options = plugin_spec("acceptance", cfg.acceptance)
     rule = build_plugin(registry.get("acceptance_rule", rule_name), "acceptance", rule_options)
+    check_top_k(rule, model)
     schedule_name, schedule_options = plugin_spec("schedule", cfg.schedule)
     schedule = build_plugin(registry.get("schedule", schedule_name, family=model.family), "schedule", schedule_options)
     schedule.name = schedule.name or schedule_name
@@ -328,6 +331,20 @@ def check_width(width: int, model: ModelBackend) -> None:
         raise ConfigError(
             f"width {width} exceeds the context of model {model_display_name(model.name)!r} ({context} positions): "
             f"a window can never be wider than that; use a width <= {context} (speculative widths are typically 4-32)"
+        )
+
+
+def check_top_k(rule: AcceptanceRule, model: ModelBackend) -> None:
+    """Refuse a ``top_k`` (as the rule describes it) larger than the model's vocabulary instead of clamping it.
+
+    Raises:
+        ConfigError: Naming top_k, the vocabulary size and what to use instead.
+    """
+    top_k = rule.describe().get("top_k")
+    if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > model.vocab_size:
+        raise ConfigError(
+            f"top_k {top_k} exceeds the vocabulary of model {model_display_name(model.name)!r} ({model.vocab_size} "
+            f"tokens), so it would keep every token; use a top_k <= {model.vocab_size}, or 0 / none for no truncation"
         )
 
 

@@ -81,13 +81,33 @@ def format_spec(value: str | Mapping[str, Any]) -> str:
     return f"{value['name']}:" + ",".join(f"{k}={_format_value(options[k])}" for k in sorted(options))
 
 
+def comma_items(text: str, *, option: str) -> list[str]:
+    """The stripped items of a comma-separated command-line list, refusing empty ones.
+
+    An empty item (``1,,2``, a trailing comma, or an empty value) is a typo more often than not, so it is an
+    error rather than skipped.
+
+    Raises:
+        ConfigError: Naming the option, the text and the empty entry (counted from 1).
+    """
+    items = [item.strip() for item in text.split(",")]
+    empty = next((i for i, item in enumerate(items) if not item), None)
+    if empty is not None:
+        raise ConfigError(
+            f"{option} {text!r}: entry {empty + 1} is empty; separate the entries with single commas and no "
+            "trailing comma"
+        )
+    return items
+
+
 def split_specs(text: str, *, option: str = "--schedules") -> list[str]:
-    """Split a comma-separated list of specs: an item with ``=`` continues the options of the spec before it."""
+    """Split a comma-separated list of specs: an item with ``=`` continues the options of the spec before it.
+
+    Raises:
+        ConfigError: For an empty entry, or an option that follows no ``NAME:key=value`` item.
+    """
     specs: list[str] = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
+    for item in comma_items(text, option=option):
         key, equals, _ = item.partition("=")
         if equals and ":" not in key:
             if not specs or ":" not in specs[-1]:

@@ -20,7 +20,7 @@ from typing import Any
 from specframe.bench.settings import WIDTHLESS, BenchSettings, parse_shard
 from specframe.bench.tasks import TASKS, get_task
 from specframe.errors import ConfigError
-from specframe.specs import spec_name, split_specs
+from specframe.specs import comma_items, spec_name, split_specs
 
 DEFAULT_SCHEDULES = "ar,linear,quadratic,packed"
 
@@ -95,7 +95,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
     repeats = args.repeats if args.repeats is not None else 1
     if args.paper_repeats:
         repeats = task.paper_repeats if temperature_positive else 1
-    widths = _width_list(args.widths) if args.widths else [args.width]
+    widths = _width_list(args.widths) if args.widths is not None else [args.width]
     _check_widths_apply(args, _name_list(args.schedules))
     settings = BenchSettings(
         task=task.name,
@@ -171,9 +171,13 @@ def require_bench_packages() -> None:
 
 def _check_widths_apply(args: argparse.Namespace, schedules: list[str]) -> None:
     """Refuse ``--width`` with ``--widths``, and a width given for schedules that take none (only ``ar``)."""
-    if args.widths and args.width != "auto":
+    if args.widths is not None and args.width != "auto":
         raise ConfigError(f"give --width or --widths, not both (--width {args.width} --widths {args.widths})")
-    given = f"--widths {args.widths}" if args.widths else f"--width {args.width}" if args.width != "auto" else None
+    given = None
+    if args.widths is not None:
+        given = f"--widths {args.widths}"
+    elif args.width != "auto":
+        given = f"--width {args.width}"
     if given and all(spec_name(s) in WIDTHLESS for s in schedules):
         raise ConfigError(
             f"{given} would be unused: --schedules {args.schedules} takes no speculative width; drop "
@@ -182,15 +186,13 @@ def _check_widths_apply(args: argparse.Namespace, schedules: list[str]) -> None:
 
 
 def _name_list(text: str) -> list[str]:
-    names = split_specs(text)
-    if not names:
-        raise ConfigError(f"expected a comma-separated list of schedule names, got {text!r}")
-    return names
+    return split_specs(text, option="--schedules")
 
 
 def _width_list(text: str) -> list[int | str]:
+    parts = comma_items(text, option="--widths")
     try:
-        return [part.strip() if part.strip() == "auto" else int(part) for part in text.split(",") if part.strip()]
+        return [part if part == "auto" else int(part) for part in parts]
     except ValueError:
         raise ConfigError(f"--widths must be comma-separated integers or 'auto', like auto,4,8, got {text!r}") from None
 

@@ -167,6 +167,8 @@ class BenchSettings:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.resamples < 1:
             raise ConfigError(f"--resamples must be >= 1, got {self.resamples}")
+        if isinstance(self.bootstrap_seed, bool) or not isinstance(self.bootstrap_seed, int) or self.bootstrap_seed < 0:
+            raise ConfigError(f"--bootstrap-seed must be an integer >= 0, got {self.bootstrap_seed!r}")
         if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
             raise ConfigError("--prompt-template must contain {prompt} where the prompt text goes")
         if self.shard is not None:

@@ -210,15 +210,27 @@ def read_rope(fields: Fields, max_positions: int) -> RopeSpec:
     )
 
 
-def token_ids(value: Any) -> tuple[int, ...]:
-    """Token ids from a config value that may be ``None``, an int or a list of ints."""
+def token_ids(value: Any, name: str = "token id", where: str = "config.json") -> tuple[int, ...]:
+    """Token ids from a config value that may be ``None``, an int or a list of ints.
+
+    Args:
+        value: The field's value.
+        name: The field's name (for messages).
+        where: The config file (for messages).
+
+    Raises:
+        CheckpointError: If an entry is not an integer (naming the file, the field and its value).
+    """
     if value is None:
         return ()
     items = value if isinstance(value, (list, tuple)) else [value]
     ids = []
     for item in items:
         if isinstance(item, bool) or not isinstance(item, int):
-            raise CheckpointError(f"token id {item!r} is not an integer")
+            raise CheckpointError(
+                f"{where}: {name}={value!r} is not a token id (an integer, or a list of integers); use the "
+                "config.json published with the checkpoint"
+            )
         ids.append(item)
     return tuple(dict.fromkeys(ids))
 
@@ -227,7 +239,7 @@ def check_special_ids(ids: Mapping[str, int | tuple[int, ...] | None], vocab_siz
     """Fail when a special token id lies outside the model's vocabulary."""
     bad = []
     for name, value in ids.items():
-        for token in token_ids(value):
+        for token in token_ids(value, name, where):
             if not 0 <= token < vocab_size:
                 bad.append(f"{name}={token}")
     if bad:
@@ -237,11 +249,16 @@ def check_special_ids(ids: Mapping[str, int | tuple[int, ...] | None], vocab_siz
         )
 
 
-def checkpoint_dtype(data: Mapping[str, Any]) -> str | None:
-    """The dtype a checkpoint was saved in (``torch_dtype`` or ``dtype``), if recorded."""
+def checkpoint_dtype(data: Mapping[str, Any]) -> Any:
+    """The dtype a checkpoint was saved in (``torch_dtype`` or ``dtype``), if recorded, else ``None``.
+
+    The value is returned as written, a string or not: :func:`specframe.models.loading.check_saved_dtype`
+    reports one that names no dtype rather than taking it for an absent one.
+    """
     for source in (data, data.get("backbone_config") or {}):
         if isinstance(source, Mapping):
             for key in ("torch_dtype", "dtype"):
-                if isinstance(source.get(key), str):
-                    return source[key]
+                value = source.get(key)
+                if value is not None:
+                    return value
     return None

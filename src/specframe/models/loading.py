@@ -101,7 +101,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device, saved: 
     return dtype
 
 
-def check_saved_dtype(saved: str | None, folder: os.PathLike[str]) -> None:
+def check_saved_dtype(saved: object, folder: os.PathLike[str]) -> None:
     """Refuse a ``torch_dtype`` in config.json that names no dtype specframe runs in.
 
     The saved dtype is the default on accelerators, and it says what the weights are; an unknown name (a typo,
@@ -111,7 +111,7 @@ def check_saved_dtype(saved: str | None, folder: os.PathLike[str]) -> None:
     Raises:
         CheckpointError: Naming the file, the value and the two ways out.
     """
-    if saved is None or saved.lower().removeprefix("torch.") in DTYPES:
+    if saved is None or (isinstance(saved, str) and saved.lower().removeprefix("torch.") in DTYPES):
         return
     raise CheckpointError(
         f"{folder}/config.json has torch_dtype {saved!r}, which is not a dtype specframe runs models in "
@@ -194,7 +194,7 @@ def load_model(
     saved = checkpoint_dtype(config)
     if dtype is None:
         check_saved_dtype(saved, folder)
-    resolved_dtype = resolve_dtype(dtype, resolved_device, saved)
+    resolved_dtype = resolve_dtype(dtype, resolved_device, saved if isinstance(saved, str) else None)
     name = os.fspath(source) if source is not None else str(folder)
     checkpoint = Checkpoint(folder, config, name, resolved_device, resolved_dtype)
     origin = f"model family {entry.name!r} (plugin {entry.plugin!r}, distribution {entry.distribution!r})"

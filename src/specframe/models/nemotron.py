@@ -76,7 +76,7 @@ def parse_config(raw: dict[str, Any], where: str) -> tuple[NetworkConfig, Specia
     params = rope_parameters(raw)
     beta = params.get("llama_4_scaling_beta") or 0.0
     fields.check()
-    eos = token_ids(raw.get("eos_token_id"))
+    eos = token_ids(raw.get("eos_token_id"), "eos_token_id", where)
     bos, pad = raw.get("bos_token_id"), raw.get("pad_token_id")
     check_special_ids({"mask_token_id": mask, "eos_token_id": eos, "bos_token_id": bos}, dims.vocab_size, where)
     config = NetworkConfig(

@@ -97,9 +97,10 @@ class SetDLM(DecoderBackend):
         """Network settings from the (backbone) config, the tokenizer, and special ids from either."""
         config = parse_config(ckpt.config, ckpt.folder)
         tokenizer = load_tokenizer(ckpt.folder, config.dims.vocab_size)
-        special = special_tokens(ckpt.config, tokenizer, ckpt.where)
+        where = str(ckpt.folder / "config.json")
+        special = special_tokens(ckpt.config, tokenizer, where)
         ids = {"mask_token_id": special.mask, "eos_token_id": special.eos}
-        check_special_ids(ids, config.dims.vocab_size, ckpt.where)
+        check_special_ids(ids, config.dims.vocab_size, where)
         return config, special, tokenizer
 
     @classmethod
@@ -190,7 +191,10 @@ def parse_config(raw: Mapping[str, Any], folder: Path) -> NetworkConfig:
     dims = read_dims(fields, default_eps=1e-6)
     rope = read_rope(fields, dims.max_positions)
     fields.check()
-    tied = bool(merged.get("tie_word_embeddings", True))
+    tied = merged.get("tie_word_embeddings", True)
+    if not isinstance(tied, bool):
+        fields.invalid.append(f"tie_word_embeddings={tied!r} (expected true or false)")
+        fields.check()
     return NetworkConfig(dims=dims, rope=rope, qk_norm=True, tie_embeddings=tied)
 
 
@@ -215,7 +219,8 @@ def special_tokens(raw: Mapping[str, Any], tokenizer: HubTokenizer | None, where
             f"{where}: no mask token id: config.json has no mask_token_id and there is no tokenizer.json with "
             f"{MASK_TOKEN}; add mask_token_id to config.json"
         )
-    eos = token_ids(configured("eos_token_id")) + tuple(t for t in map(vocab, EOS_TOKENS) if t is not None)
+    named = tuple(t for t in map(vocab, EOS_TOKENS) if t is not None)
+    eos = token_ids(configured("eos_token_id"), "eos_token_id", where) + named
     pad = configured("pad_token_id")
     return SpecialTokens(mask=mask, eos=tuple(dict.fromkeys(eos)), pad=pad if pad is not None else vocab(PAD_TOKEN))
 

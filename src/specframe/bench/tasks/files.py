@@ -22,6 +22,8 @@ def read_rows(path: str | Path) -> list[Mapping[str, Any]]:
         SpecframeError: If the file is missing, unreadable or not a list of objects.
     """
     path = Path(path).expanduser()
+    if path.is_dir():
+        raise SpecframeError(f"task file {path} is a folder, not a file; give the JSONL, JSON or Parquet file in it")
     if not path.is_file():
         raise SpecframeError(f"task file {path} does not exist; give a JSONL file with one example per line")
     name = path.name.lower()
