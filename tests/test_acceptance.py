@@ -154,3 +154,26 @@ def test_rejection_is_reproducible_with_a_seed():
     a = rule.propose(logits, torch.Generator().manual_seed(9)).tokens
     b = rule.propose(logits, torch.Generator().manual_seed(9)).tokens
     assert torch.equal(a, b)
+
+
+class _LastTokenWarp(SamplingWarp):
+    """A warp of its own (all mass on the last id); its top_k is set, which the host shortcut would read."""
+
+    def probs(self, logits):
+        out = torch.zeros_like(logits, dtype=torch.float64 if logits.dtype == torch.float64 else torch.float32)
+        out[..., -1] = 1.0
+        return out
+
+
+@pytest.mark.parametrize("top_k,top_p", [(2, None), (None, 0.5), (3, 0.9)])
+def test_a_subclass_warp_that_overrides_probs_is_what_gets_sampled(top_k, top_p):
+    rule = RejectionSampling()
+    rule.warp = _LastTokenWarp(1.0, top_k, top_p)
+    logits = torch.tensor([[5.0, 1.0, 0.0, -1.0], [0.0, 4.0, 1.0, -2.0]])  # the built-in warps never pick id 3
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        assert rule.propose(logits, generator).token_list == [3, 3]
+        drafts = rule.propose(logits[:1], generator)
+        proposals, verdict = rule.propose_and_verify((DraftRef(drafts, 0),), logits.repeat(2, 1)[:3], 2, generator)
+        assert (verdict.accepted, verdict.token) == (1, 3) and proposals.token_list == [3]
+        assert rule.verify((), logits[:1], generator).token == 3

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from specframe import hookspecs
+from specframe import compose, hookspecs
 from specframe.cli import main as cli_main
 from specframe.errors import CheckpointError, ConfigError, PlanError
 from specframe.plugin_testing import torch_threads
@@ -145,6 +145,7 @@ def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
         ("mask_builder", "my-setdlm"),
         ("order_policy", "right-to-left"),
         ("acceptance_rule", "top20"),
+        ("acceptance_rule", "min-p"),
         ("acceptance_rule", "argmax"),
         ("schedule", "verify-only"),
     }
@@ -173,6 +174,23 @@ def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
     assert generate(setdlm, "packed", prompt, 12, width=4).output_ids == reference
     with pytest.raises(PlanError, match="budget of 64"):
         generate(setdlm, "quadratic", prompt, 12, width=8)
+
+
+def test_the_min_p_example_samples_exactly_the_ar_min_p_distribution(example_host):
+    from sampling_models import NEMOTRON, SETDLM, TableModel, exact_distribution, gof_pvalue, sample_counts
+    from specframe.acceptance.rejection import SamplingWarp
+
+    prompt, length = [0, 1, 2], 4
+    for family, seed in ((NEMOTRON, 3), (SETDLM, 5)):
+        model = TableModel(family, seed=seed)
+        acceptance = {"name": "min-p", "min_p": 0.5}
+        decoder = compose(
+            {"model": model, "schedule": "packed", "acceptance": acceptance, "width": 3, "max_new_tokens": length}
+        )
+        exact = exact_distribution(model, prompt, length, decoder.rule.warp)
+        assert len(exact) < len(exact_distribution(model, prompt, length, SamplingWarp()))  # min-p truncates
+        counts = sample_counts(lambda s, d=decoder: d.generate(prompt_ids=prompt, seed=s).output_ids, 2000)
+        assert gof_pvalue(counts, exact) > 1e-5, family
 
 
 # -- the tutorial ----------------------------------------------------------------------------------------

@@ -86,6 +86,13 @@ class RejectionSampling(AcceptanceRule):
         temperature: Softmax temperature, > 0.
         top_k: Optional top-k truncation.
         top_p: Optional nucleus truncation.
+
+    Attributes:
+        warp: The :class:`SamplingWarp` whose ``probs`` turn verifier and drafter logits alike into the
+            distributions sampled from. A subclass may replace it with a subclass of :class:`SamplingWarp`
+            that overrides ``probs`` (a min-p warp, say): the output is then exactly AR sampling from those
+            distributions, on every schedule. (The host shortcuts for top-k and top-p are taken only by a
+            warp that does not override ``probs`` or ``softmax``.)
     """
 
     stochastic = True
@@ -142,6 +149,8 @@ class RejectionSampling(AcceptanceRule):
     def _candidates(self, logits: torch.Tensor) -> hostsample.Candidates | None:
         """The host candidates of a top-k or top-p warp of CPU ``logits``, or ``None`` for the dense path."""
         warp = self.warp
+        if type(warp).probs is not SamplingWarp.probs or type(warp).softmax is not SamplingWarp.softmax:
+            return None  # a warp of its own: the shortcuts below compute the built-in one
         if warp.top_k is not None:
             return hostsample.top_k_candidates(logits, warp.top_k, warp.temperature, warp.top_p)
         if warp.top_p is not None and logits.device.type == "cpu":
