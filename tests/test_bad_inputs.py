@@ -639,3 +639,21 @@ def test_a_torch_dtype_that_is_not_a_name_is_refused(tmp_path, value):
     with pytest.raises(CheckpointError, match=re.escape(f"has torch_dtype {value!r}, which is not a dtype")):
         load_model(folder)
     assert load_model(folder, dtype="float32").dtype == torch.float32  # an explicit dtype leaves it unused
+
+
+@pytest.mark.parametrize("option", ["--work-dir", "--ship", "--records"])
+def test_train_refuses_an_empty_folder_path_instead_of_using_the_current_folder(capsys, tmp_path, monkeypatch, option):
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "setdlm", "--steps", "1", "--work-dir", str(tmp_path / "run"), option, ""]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2 and f"argument {option}: the path is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["--ship", "--records"])
+def test_train_refuses_an_unusable_ship_or_records_folder_before_training(capsys, tmp_path, option):
+    work = tmp_path / "run"
+    code, _, err = _cli(capsys, "train", "setdlm", "--steps", "1", "--work-dir", str(work), option, "/proc/specframe")
+    assert code == 1 and f"{option} /proc/specframe cannot be used" in err and "internal error" not in err, err
+    assert not work.exists()

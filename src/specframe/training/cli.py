@@ -29,7 +29,7 @@ def add_parser(subparsers: Any) -> None:
         "standard-library source, with its own BPE tokenizer, and write it in the family's Hub layout.",
     )
     parser.add_argument("family", help="nemotron-labs-diffusion (or nemotron), or setdlm")
-    parser.add_argument("--work-dir", required=True, type=Path, help="run folder (resumed when it exists)")
+    parser.add_argument("--work-dir", required=True, type=folder_path, help="run folder (resumed when it exists)")
     parser.add_argument("--steps", type=int, help="optimizer steps (default: the shipped model's)")
     parser.add_argument("--threads", type=int, help="torch threads (default 2, or 1 on a one-core machine)")
     parser.add_argument(
@@ -39,8 +39,8 @@ def add_parser(subparsers: Any) -> None:
         metavar="FIELD=VALUE",
         help='change a training setting, e.g. hidden_size=128 or objective={"span": 8} (JSON values)',
     )
-    parser.add_argument("--ship", type=Path, help="copy the finished checkpoint to this model folder")
-    parser.add_argument("--records", type=Path, help="copy the run's summary and log to this folder (docs)")
+    parser.add_argument("--ship", type=folder_path, help="copy the finished checkpoint to this model folder")
+    parser.add_argument("--records", type=folder_path, help="copy the run's summary and log to this folder (docs)")
     parser.set_defaults(handler=run)
 
 
@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     from specframe.models.threads import check_threads, machine_cores
 
     threads = min(2, machine_cores()) if args.threads is None else check_threads(args.threads, "--threads")
+    for option, folder in (("--ship", args.ship), ("--records", args.records)):  # not only after the training
+        if folder is not None:
+            prepare_folder(folder, option=option)
     prepare_folder(args.work_dir, option="--work-dir")
     summary = train(config, args.work_dir, threads=threads, log=lambda line: print(line, flush=True))
     if args.ship is not None:
@@ -70,6 +73,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"shipped to {args.ship}", flush=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
     return 0
+
+
+def folder_path(text: str) -> Path:
+    """A folder option's value; an empty one is refused (``Path("")`` would be the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a folder path")
+    return Path(text)
 
 
 def _setting(item: str) -> tuple[str, Any]:
