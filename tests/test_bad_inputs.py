@@ -657,3 +657,32 @@ def test_train_refuses_an_unusable_ship_or_records_folder_before_training(capsys
     code, _, err = _cli(capsys, "train", "setdlm", "--steps", "1", "--work-dir", str(work), option, "/proc/specframe")
     assert code == 1 and f"{option} /proc/specframe cannot be used" in err and "internal error" not in err, err
     assert not work.exists()
+
+
+@pytest.mark.parametrize(
+    ("index", "message"),
+    [
+        ("{bad", "is not valid JSON"),
+        ("[]", "has no 'weight_map' object"),
+        ("{}", "has no 'weight_map' object"),
+        ('{"weight_map": [1, 2]}', "has no 'weight_map' object"),
+        ('{"weight_map": {}}', "has no 'weight_map' object"),
+        ('{"weight_map": {"model.norm.weight": 5}}', "model.norm.weight -> 5 is not a shard file name"),
+        ('{"weight_map": {"model.norm.weight": "../other/model.safetensors"}}', "is not a shard file name"),
+    ],
+)
+def test_a_damaged_weight_index_is_a_checkpoint_error(tmp_path, index, message):
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False, shards=2)
+    (folder / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match=re.escape(message)) as info:
+        load_model(folder)
+    assert "model.safetensors.index.json" in str(info.value)
+
+
+@pytest.mark.parametrize("adapter", [5, 1.5, None, ["linear_spec_lora"]])
+def test_an_adapter_that_is_neither_a_flag_nor_a_folder_is_a_config_error(tmp_path, adapter):
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False, lora_rank=2)
+    with pytest.raises(
+        ConfigError, match=f"adapter must be True, False or an adapter folder path, got {re.escape(repr(adapter))}"
+    ):
+        load_model(folder, adapter=adapter)

@@ -179,6 +179,8 @@ def load_model(
             f"the model source must be a Hub repo id, a folder path or a bundled model's name (a str or path), "
             f"got {type(source).__name__} {source!r:.60}; pass None for the bundled default model"
         )
+    if not isinstance(adapter, (bool, str, os.PathLike)):
+        raise ConfigError(f"adapter must be True, False or an adapter folder path, got {adapter!r}")
     resolved_device = resolve_device(device)  # fail before any download
     folder = resolve_source(source, revision=revision, adapter=adapter is True)
     config = read_config(folder)

@@ -111,13 +111,25 @@ def weight_files(folder: Path, stem: str = "model") -> tuple[str, list[Path]] | 
 
 def _shards(index_path: Path) -> list[Path]:
     try:
-        weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
-        names = list(dict.fromkeys(weight_map.values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        data = json.loads(index_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
         raise CheckpointError(
-            f"weight index {index_path} is unreadable ({exc}); it must be JSON with a 'weight_map' object"
+            f"weight index {index_path} is not valid JSON ({exc}); restore or re-download it"
         ) from exc
-    files = [index_path.parent / name for name in names]
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(
+            f"weight index {index_path} has no 'weight_map' object mapping tensor names to shard files; restore "
+            "or re-download it"
+        )
+    folder = index_path.parent.resolve()
+    for tensor, name in weight_map.items():
+        if not isinstance(name, str) or not name or not (folder / name).resolve().is_relative_to(folder):
+            raise CheckpointError(
+                f"weight index {index_path}: {tensor} -> {name!r} is not a shard file name inside "
+                f"{index_path.parent}; restore or re-download the index"
+            )
+    files = [index_path.parent / name for name in dict.fromkeys(weight_map.values())]
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise CheckpointError(
