@@ -27,10 +27,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
-from scipy import stats
 
 from oracles import stage_pairs
 from specframe.acceptance.rejection import SamplingWarp
+from specframe.ar_reference import ar_distribution, goodness_of_fit
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
 
@@ -133,21 +133,7 @@ def exact_distribution(
     ``next_logits(ids)`` gives the verifier's logits after prompt and output ids ``ids``; by default one
     cache-free forward of a :class:`TableModel` (:func:`ar_logits`).
     """
-    next_logits = next_logits or (lambda ids: ar_logits(model, ids))
-    eos = set(model.eos_token_ids)
-    out: dict[tuple[int, ...], float] = {}
-
-    def expand(prefix: tuple[int, ...], mass: float) -> None:
-        if len(prefix) == length or (prefix and prefix[-1] in eos):
-            out[prefix] = out.get(prefix, 0.0) + mass
-            return
-        probs = warp.probs(next_logits([*prompt, *prefix])[None])[0].tolist()
-        for token, p in enumerate(probs):
-            if p > 0:
-                expand((*prefix, token), mass * p)
-
-    expand((), 1.0)
-    return out
+    return ar_distribution(model, prompt, length, warp, next_logits or (lambda ids: ar_logits(model, ids)))
 
 
 def ar_logits(model: TableModel, prefix: Sequence[int]) -> torch.Tensor:
@@ -165,23 +151,8 @@ def ar_logits(model: TableModel, prefix: Sequence[int]) -> torch.Tensor:
 
 
 def gof_pvalue(counts: Mapping[tuple[int, ...], int], exact: Mapping[tuple[int, ...], float]) -> float:
-    """Chi-square goodness of fit of sampled outputs to the exact distribution.
-
-    Outcomes expected at least 5 times are cells of their own, the rest are pooled into one cell; an
-    outcome the exact distribution rules out gives p = 0.
-    """
-    if set(counts) - set(exact):
-        return 0.0
-    total = sum(counts.values())
-    big = [seq for seq, p in exact.items() if p * total >= 5]
-    observed = [counts.get(seq, 0) for seq in big]
-    expected = [exact[seq] * total for seq in big]
-    rest = total - sum(expected)
-    if rest > 1e-9:
-        observed.append(total - sum(observed))
-        expected.append(rest)
-    expected_arr = np.asarray(expected, dtype=np.float64)
-    return float(stats.chisquare(observed, expected_arr / expected_arr.sum() * total).pvalue)
+    """Chi-square goodness of fit of sampled outputs to the exact distribution (the public helper's test)."""
+    return goodness_of_fit(counts, exact)
 
 
 def sample_counts(generate: Callable[[int], Sequence[int]], samples: int, first_seed: int = 0) -> Counter:

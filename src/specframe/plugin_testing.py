@@ -9,7 +9,8 @@ subprocess's specframe discovers the plugin exactly as after ``pip install``::
     assert "lowest-confidence" in result.stdout
 
 :func:`torch_threads` runs a block (a test session) with a given number of torch threads. Random model
-checkpoints for tests come from :mod:`specframe.models.testing`.
+checkpoints for tests come from :mod:`specframe.models.testing`, and the exact plain-AR distribution that a
+sampling test compares outputs with from :mod:`specframe.ar_reference`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,112 @@
+"""The plain AR distribution of short outputs, computed exactly, for testing that a plugin samples it.
+
+A schedule or acceptance rule is lossless under sampling when its outputs are distributed as plain AR
+sampling's. For a model with a small vocabulary and a short output, :func:`ar_distribution` enumerates that
+distribution exactly, with one cache-free forward pass per prefix laid out by the model family's own mask
+builder (so it works for every family), and :func:`goodness_of_fit` compares sampled outputs with it::
+
+    exact = ar_distribution(model, [0, 1, 2], 3, SamplingWarp(temperature=1.0))
+    counts = Counter(tuple(decoder.generate(prompt_ids=[0, 1, 2], seed=s).output_ids) for s in range(2000))
+    assert goodness_of_fit(counts, exact) > 1e-4
+
+Keep the vocabulary tiny (:func:`specframe.models.testing.small_vocabulary`): the outcomes grow as V**length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from specframe.acceptance.rejection import SamplingWarp
+from specframe.models.base import ModelBackend
+from specframe.plan import CallPlan
+from specframe.plugins import get_registry
+
+
+def ar_distribution(
+    model: ModelBackend,
+    prompt_ids: Sequence[int],
+    length: int,
+    warp: SamplingWarp | None = None,
+    next_logits: Callable[[list[int]], torch.Tensor] | None = None,
+) -> dict[tuple[int, ...], float]:
+    """Probability of every output of up to ``length`` tokens (ending early at an EOS) under plain AR sampling.
+
+    Args:
+        model: A loaded model (float64 makes the probabilities exact to rounding).
+        prompt_ids: The prompt's token ids.
+        length: The output length limit (``max_new_tokens``).
+        warp: The warp the sampler applies (``decoder.rule.warp`` for ``rejection`` and its subclasses);
+            ``None``: temperature 1, no truncation.
+        next_logits: ``next_logits(ids)``, the ``[V]`` verifier logits after ``ids`` (the prompt followed by an
+            output prefix), for a stand-in model; by default one cache-free forward pass laid out by the family's
+            mask builder.
+
+    Returns:
+        Each possible output (a tuple of ids, EOS included) and its probability; they sum to 1.
+    """
+    warp = warp or SamplingWarp()
+    next_logits = next_logits or _verifier(model)
+    eos = set(model.eos_token_ids)
+    out: dict[tuple[int, ...], float] = {}
+
+    def expand(prefix: tuple[int, ...], mass: float) -> None:
+        if len(prefix) == length or (prefix and prefix[-1] in eos):
+            out[prefix] = out.get(prefix, 0.0) + mass
+            return
+        probs = warp.probs(next_logits([*prompt_ids, *prefix])[None])[0].tolist()
+        for token, p in enumerate(probs):
+            if p > 0:
+                expand((*prefix, token), mass * p)
+
+    expand((), 1.0)
+    return out
+
+
+def _verifier(model: ModelBackend) -> Callable[[list[int]], torch.Tensor]:
+    """The verifier's next-token logits after ``ids``: an AR step from an empty cache, in the family's layout."""
+    builder = get_registry().get("mask_builder", model.family).factory(model)
+
+    def next_logits(ids: list[int]) -> torch.Tensor:
+        # Every id is pending (nothing is cached) and the next position is the only rank.
+        plan = CallPlan(pending=tuple(enumerate(ids)), order=(len(ids),), chain=(), num_verify=1, drafts=(), width=1)
+        call = builder.build(plan)
+        with torch.inference_mode():
+            logits = model.forward(
+                model.new_cache(call.num_rows),
+                call.input_ids,
+                call.position_ids,
+                call.attention,
+                call.output_rows,
+                call.adapter_rows,
+            )
+            return builder.read(call, logits).verify_logits[0]
+
+    return next_logits
+
+
+def goodness_of_fit(counts: Mapping[tuple[int, ...], int], exact: Mapping[tuple[int, ...], float]) -> float:
+    """The p-value of a chi-square test of sampled outputs against :func:`ar_distribution`'s.
+
+    Outputs expected at least 5 times are cells of their own and the rest are pooled into one cell; an output
+    the exact distribution rules out gives 0. Fix the seeds of the samples, so that the test is deterministic,
+    and require a small p-value (1e-4 or so): a sampler that is not exact gives far smaller ones.
+
+    Raises:
+        ImportError: Without scipy (``pip install scipy``).
+    """
+    from scipy import stats
+
+    if set(counts) - set(exact):
+        return 0.0
+    total = sum(counts.values())
+    big = [output for output, p in exact.items() if p * total >= 5]
+    observed = [counts.get(output, 0) for output in big]
+    expected = [exact[output] * total for output in big]
+    rest = total - sum(expected)
+    if rest > 1e-9:
+        observed.append(total - sum(observed))
+        expected.append(rest)
+    scale = total / sum(expected)  # rounding: the expected counts must sum to the observed ones
+    return float(stats.chisquare(observed, [e * scale for e in expected]).pvalue)
