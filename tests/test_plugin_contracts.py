@@ -66,6 +66,14 @@ class _DropsOne(OrderPolicy):
         return list(positions)[:-1]
 
 
+class _ClaimsLeftToRight(OrderPolicy):
+    left_to_right = True  # which lets it past Nemotron's check when the decoder is composed
+    uses_scores = False
+
+    def order(self, positions, scores):
+        return sorted(positions, reverse=True)
+
+
 class _TupleVerdict(GreedyAcceptance):
     def verify(self, drafts, logits, generator):
         return (0, int(logits[0].argmax()))
@@ -87,6 +95,7 @@ class _Plugin:
     @hookimpl
     def register_order_policies(self, register):
         register("drops-one", _DropsOne)
+        register("claims-ltr", _ClaimsLeftToRight)
 
     @hookimpl
     def register_acceptance_rules(self, register):
@@ -106,6 +115,7 @@ CASES = [
     ({"schedule": "accepts-nothing"}, "schedule 'accepts-nothing'", "update() accepted nothing"),
     ({"schedule": "plan-raises"}, "schedule 'plan-raises'", "raised RuntimeError: boom in plan while decoding"),
     ({"order": "drops-one", "width": 3}, "order policy 'drops-one'", "not a permutation"),
+    ({"order": "claims-ltr", "width": 3}, "order policy 'claims-ltr'", "sets left_to_right = True, but order()"),
     ({"acceptance": "tuple-verdict", "width": 3}, "acceptance rule 'tuple-verdict'", "is a tuple, not a Verdict"),
     ({"acceptance": "verify-raises"}, "acceptance rule 'verify-raises'", "raised ValueError: boom in verify"),
 ]

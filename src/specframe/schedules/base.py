@@ -90,6 +90,13 @@ def verification_window(state: DecodeState) -> VerificationWindow:
         raise contract_error(
             ctx.order, "order policy", f"order() returned {order} for the window {window}, not a permutation of it"
         )
+    if not in_order and ctx.order.left_to_right:
+        raise contract_error(
+            ctx.order,
+            "order policy",
+            f"it sets left_to_right = True, but order() returned {order} for the window {window}; set it to False "
+            "unless the order is always increasing",
+        )
     chain = list(map(state.drafts.get, order))  # the stored drafts by rank, up to the first rank without one
     if None in chain:
         del chain[chain.index(None) :]
