@@ -59,3 +59,8 @@ def test_a_real_network_passes_when_exact_and_fails_when_not(family, tmp_path):
 
 def test_an_output_the_model_cannot_produce_fails_outright():
     assert goodness_of_fit({(1,): 5, (9,): 1}, {(1,): 0.5, (2,): 0.5}) == 0.0
+
+
+def test_a_distribution_with_one_likely_output_is_refused_rather_than_a_nan():
+    with pytest.raises(ValueError, match="can tell nothing"):
+        goodness_of_fit({(1,): 100}, {(1,): 1.0})

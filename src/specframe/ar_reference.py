@@ -94,6 +94,7 @@ def goodness_of_fit(counts: Mapping[tuple[int, ...], int], exact: Mapping[tuple[
     and require a small p-value (1e-4 or so): a sampler that is not exact gives far smaller ones.
 
     Raises:
+        ValueError: When fewer than two cells remain (one likely output): the test would say nothing.
         ImportError: Without scipy (``pip install scipy``).
     """
     from scipy import stats
@@ -108,5 +109,11 @@ def goodness_of_fit(counts: Mapping[tuple[int, ...], int], exact: Mapping[tuple[
     if rest > 1e-9:
         observed.append(total - sum(observed))
         expected.append(rest)
+    if len(expected) < 2:
+        raise ValueError(
+            f"the exact distribution leaves {len(exact)} likely output(s) for {total} samples, so a fit test can "
+            "tell nothing; flatten the model (write_random_checkpoint(..., logit_scale=0.3)), relax the warp or "
+            "take more samples"
+        )
     scale = total / sum(expected)  # rounding: the expected counts must sum to the observed ones
     return float(stats.chisquare(observed, [e * scale for e in expected]).pvalue)
