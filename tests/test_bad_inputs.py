@@ -686,3 +686,20 @@ def test_an_adapter_that_is_neither_a_flag_nor_a_folder_is_a_config_error(tmp_pa
         ConfigError, match=f"adapter must be True, False or an adapter folder path, got {re.escape(repr(adapter))}"
     ):
         load_model(folder, adapter=adapter)
+
+
+@pytest.mark.parametrize("schedule", ["ar", "packed", "linear", "quadratic", "kbranch", "auto"])
+def test_a_stop_string_stops_however_the_model_tokenizes_it(schedule):
+    """The bundled Nemotron has one token for a blank line, but writes it as two newline tokens after
+    "class Foo:\\n": --stop '\\n\\n' used to match that one token only, so the output ran on to the length limit
+    with blank lines in it and stop_reason "length"."""
+    base = {"model": "nemotron-stdlib-tiny", "dtype": "float64", "max_new_tokens": 40}
+    decoder = compose({**base, "schedule": schedule, "stop": ["\n\n"]})
+    assert len(decoder.model.tokenizer.encode("\n\n")) == 1
+    result = decoder.generate("class Foo:\n")
+    assert result.stop_reason == "stop_sequence" and result.text.endswith("\n\n")
+    assert result.text.count("\n\n") == 1 and len(result.output_ids) < 40
+    free = compose({**base, "schedule": "ar"}).generate("class Foo:\n")
+    assert free.output_ids[: len(result.output_ids)] == result.output_ids  # the AR output, cut where it stops
+    streamed = list(decoder.stream("class Foo:\n"))
+    assert "".join(piece.text for piece in streamed) == result.text

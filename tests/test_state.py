@@ -11,7 +11,15 @@ from specframe.state import DecodeContext, DecodeState, LayoutTraits
 EOS = 99
 
 
-def _state(max_new_tokens=10, width=4, stops=()):
+# Token ids -> text for the stop-text tests: 1 is "a", 2 is "\n", 3 is "\n\n", 4 is "b\n".
+PIECES = {1: "a", 2: "\n", 3: "\n\n", 4: "b\n"}
+
+
+def _decode(ids):
+    return "".join(PIECES.get(t, "?") for t in ids)
+
+
+def _state(max_new_tokens=10, width=4, stops=(), texts=()):
     ctx = DecodeContext(
         width=width,
         order=LeftToRight(),
@@ -19,6 +27,8 @@ def _state(max_new_tokens=10, width=4, stops=()):
         traits=LayoutTraits(free_bonus=False, any_order=True),
         eos_token_ids=frozenset({EOS}),
         stop_sequences=tuple(tuple(s) for s in stops),
+        stop_texts=tuple(texts),
+        decode=_decode if texts else None,
     )
     return DecodeState(prompt=(5, 6, 7), max_new_tokens=max_new_tokens, ctx=ctx)
 
@@ -79,6 +89,39 @@ def test_earliest_ending_stop_sequence_wins():
     state = _state(stops=[(4, 4, 4), (9,)])
     state.accept([(3, 4), (4, 4), (5, 9), (6, 4)])
     assert state.end == 5
+
+
+@pytest.mark.parametrize(
+    ("tokens", "kept"),
+    [
+        ([1, 3, 1, 1], [1, 3]),  # "\n\n" as one token
+        ([1, 2, 2, 1], [1, 2, 2]),  # as two tokens: the tokenization of the stop text never appears
+        ([4, 2, 1, 1], [4, 2]),  # completed by a token that also holds text before it
+        ([2, 1, 1, 2], [2, 1, 1, 2]),  # a newline at the end only: no stop
+    ],
+)
+def test_a_stop_text_ends_the_output_however_it_is_tokenized(tokens, kept):
+    state = _state(texts=["\n\n"])
+    state.accept(list(enumerate(tokens, start=3)))
+    assert state.output_ids() == kept
+    assert state.end == (3 + len(kept) - 1 if len(kept) < len(tokens) else 12)
+
+
+def test_a_stop_text_past_a_gap_ends_the_output_once_the_gap_is_filled():
+    state = _state(texts=["\n\n"])
+    state.accept([(5, 2), (6, 2), (7, 1)])  # any order: "\n\n" at 5-6, but 3 and 4 are unresolved
+    assert state.end == 12
+    state.accept([(4, 1)])
+    assert state.end == 12
+    kept = state.accept([(3, 3)])  # "\n\n" already at 3: the end is there, the rest is dropped
+    assert kept == 1 and state.done and state.output_ids() == [3]
+
+
+def test_stop_texts_need_a_decode_function():
+    with pytest.raises(ValueError, match="stop_texts need decode"):
+        DecodeContext(
+            width=1, order=LeftToRight(), rule=GreedyAcceptance(), traits=LayoutTraits(False, False), stop_texts=("x",)
+        )
 
 
 def test_length_limit_discards_tokens_past_the_end():

@@ -184,8 +184,8 @@ def add_decoder_options(
         "--stop",
         action="append",
         default=[],
-        help="stop string (repeatable; backslash escapes such as \\n are interpreted); ends the output once "
-        "all its tokens are accepted",
+        help="stop string (repeatable; backslash escapes such as \\n are interpreted); ends the output at the "
+        "token that completes its text",
     )
 
 

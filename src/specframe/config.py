@@ -75,7 +75,8 @@ class DecoderConfig:
             on CPU and the checkpoint's dtype on GPUs.
         revision: Hub revision (branch, tag or commit) when ``model`` is a repo id.
         adapter: Load and use the model's proposal-only adapter (Nemotron's ``linear_spec_lora``).
-        stop: Stop sequences: strings (tokenized without special tokens) or lists of token ids.
+        stop: Stops: strings (generation ends at the output token whose text completes one, whatever tokens
+            spell it) or lists of token ids (it ends once all of them are accepted).
         threads: CPU threads for torch (``None``: ``OMP_NUM_THREADS`` if set, else chosen from the model's
             size and the machine's free cores; see :mod:`specframe.models.threads`).
         compile: Run steady-state model calls as compiled graphs over a fixed-capacity cache (``torch.compile``;
@@ -316,6 +317,7 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
         max_new_tokens=cfg.max_new_tokens,
         seed=cfg.seed,
         stop_sequences=_stop_sequences(cfg, model),
+        stop_texts=[item for item in cfg.stop if isinstance(item, str)],
         config={**_fields(cfg), "model": model.name},
     )
 
@@ -397,15 +399,14 @@ def enable_compiled(model: ModelBackend) -> None:
 
 
 def _stop_sequences(cfg: DecoderConfig, model: ModelBackend) -> list[list[int]]:
+    """The token-id stop sequences; stop strings are checked here and matched as text by the decoder."""
     sequences = []
     for item in cfg.stop:
         if isinstance(item, str):
             if model.tokenizer is None:
                 raise ConfigError(f"stop string {item!r} needs a tokenizer, and model {model.name!r} has none")
-            ids = model.tokenizer.encode(item)
-            if not ids:
+            if not model.tokenizer.encode(item):
                 raise ConfigError(f"stop string {item!r} tokenizes to nothing")
-            sequences.append(ids)
         else:
             ids = [int(t) for t in item]
             if max(ids) >= model.vocab_size:

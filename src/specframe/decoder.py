@@ -22,7 +22,7 @@ import torch
 
 from specframe.acceptance.base import AcceptanceRule
 from specframe.blame import contract_error, plugin_failure
-from specframe.errors import InputError, SpecframeError
+from specframe.errors import ConfigError, InputError, SpecframeError
 from specframe.masks.base import MaskBuilder
 from specframe.metrics import Metrics
 from specframe.models.base import ModelBackend
@@ -119,6 +119,8 @@ class Decoder:
         max_new_tokens: Default output length limit L (>= 1).
         seed: Seed of the random generator (``None``: a fresh random seed per request).
         stop_sequences: Token sequences that end generation once fully accepted.
+        stop_texts: Texts that end generation at the output token whose text completes one, whatever tokens
+            spell it (needs the model's tokenizer).
         config: The configuration this decoder was composed from (for reports).
     """
 
@@ -134,6 +136,7 @@ class Decoder:
         max_new_tokens: int,
         seed: int | None = 0,
         stop_sequences: Sequence[Sequence[int]] = (),
+        stop_texts: Sequence[str] = (),
         config: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
@@ -145,6 +148,9 @@ class Decoder:
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.stop_sequences = tuple(tuple(int(t) for t in s) for s in stop_sequences)
+        self.stop_texts = tuple(stop_texts)
+        if self.stop_texts and model.tokenizer is None:
+            raise ConfigError(f"stop strings need a tokenizer, and model {model.name!r} has none; give token ids")
         self.config = dict(config or {})
 
     # -- public API ------------------------------------------------------------------------------------
@@ -200,7 +206,7 @@ class Decoder:
 
     def _stream(self, state: DecodeState) -> Iterator[StreamPiece]:
         metrics = Metrics()
-        stops = [self.model.decode(s) for s in self.stop_sequences]
+        stops = [self.model.decode(s) for s in self.stop_sequences] + list(self.stop_texts)
         text = IncrementalText(self.model.decode, stops)
         sent = 0
         for _ in self._steps(state, metrics):
@@ -359,6 +365,8 @@ class Decoder:
             generator=generator,
             eos_token_ids=frozenset(self.model.eos_token_ids),
             stop_sequences=self.stop_sequences,
+            stop_texts=self.stop_texts,
+            decode=self.model.decode if self.stop_texts else None,
         )
 
     def _prompt_ids(self, prompt: Any, prompt_ids: Any) -> list[int]:
@@ -437,4 +445,6 @@ def _stop_reason(state: DecodeState, output: list[int], limit: int) -> str:
         tuple(output[-len(s) :]) == s for s in state.ctx.stop_sequences if len(s) <= len(output)
     ):
         return "stop_sequence"
+    if state.ctx.decode is not None and any(s in state.ctx.decode(output) for s in state.ctx.stop_texts):
+        return "stop_sequence"  # generation stops where a stop text first appears: here, at the last token
     return "length"

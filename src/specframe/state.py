@@ -8,7 +8,7 @@ model family: schedules read it to build plans and write acceptance outcomes bac
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -44,6 +44,9 @@ class DecodeContext:
         generator: Random generator for stochastic acceptance (seeded for reproducibility).
         eos_token_ids: Token ids that end generation.
         stop_sequences: Token sequences that end generation once all their tokens are accepted.
+        stop_texts: Texts that end generation at the output token whose text completes one, however the
+            model spelled it in tokens (a blank line as one token or as two newlines); needs ``decode``.
+        decode: Turns token ids into text (the model's tokenizer), for ``stop_texts``.
     """
 
     width: int
@@ -53,6 +56,12 @@ class DecodeContext:
     generator: torch.Generator | None = None
     eos_token_ids: frozenset[int] = frozenset()
     stop_sequences: tuple[tuple[int, ...], ...] = ()
+    stop_texts: tuple[str, ...] = ()
+    decode: Callable[[Sequence[int]], str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.stop_texts and self.decode is None:
+            raise ValueError("stop_texts need decode, the function that turns token ids into text")
 
 
 @dataclass
@@ -104,6 +113,10 @@ class DecodeState:
         self._frontier = self.start
         self._highest = self.start - 1  # no accepted output position is higher (an upper bound)
         self.stale_cached: set[int] = set()
+        self._text_scanned = self.start - 1  # the contiguous output up to here holds no stop text
+        # Token window whose text holds any stop text that ends at its last token (a token is >= 1 byte, or a
+        # special token decoded to nothing: twice the bytes leave room for those).
+        self._text_window = 2 * max((len(s.encode("utf-8")) for s in self.ctx.stop_texts), default=0) + 4
         # The width of the call being planned: the context's W, unless a schedule that chooses the width
         # per call (width "auto") sets it before planning.
         self.width = self.ctx.width
@@ -213,6 +226,8 @@ class DecodeState:
             self._highest = max(self._highest, *new)
         if self.ctx.stop_sequences:
             self._apply_stop_sequences(new)
+        if self.ctx.stop_texts and new:
+            self._apply_stop_texts()
         drafts, scores = self.drafts, self.scores
         for position in new:
             drafts.pop(position, None)
@@ -246,6 +261,24 @@ class DecodeState:
                         continue
                     if all(self.tokens.get(first + i) == sequence[i] for i in range(length)):
                         self.end = min(self.end, last)
+
+    def _apply_stop_texts(self) -> None:
+        """End at the first output token whose text completes a stop text, scanning the contiguous output.
+
+        Positions past a gap (any-order verification) are scanned once the gap is filled, so the end is the
+        one plain AR finds.
+        """
+        tokens, texts, decode = self.tokens, self.ctx.stop_texts, self.ctx.decode
+        assert decode is not None  # DecodeContext refuses stop texts without it
+        position = self._text_scanned + 1
+        while position <= self.end and position in tokens:
+            first = max(self.start, position - self._text_window + 1)
+            text = decode([tokens[p] for p in range(first, position + 1)])
+            if any(stop in text for stop in texts):
+                self.end = self._text_scanned = position
+                return
+            position += 1
+        self._text_scanned = position - 1
 
     def _prune_beyond_end(self) -> None:
         beyond = [p for p in self.tokens if p > self.end]

@@ -311,7 +311,7 @@ class AutoSchedule(Schedule):
         # first call; every candidate is scanned FULL_SCAN_CALLS calls later (or now, on a first request).
         self._since_refresh = REFRESH_CALLS
         self._since_scan = 0 if self._chosen is not None else FULL_SCAN_CALLS
-        self._synthetic = replace(state.ctx, eos_token_ids=frozenset(), stop_sequences=())
+        self._synthetic = replace(state.ctx, eos_token_ids=frozenset(), stop_sequences=(), stop_texts=())
 
     def candidates(self, maximum: int) -> list[Candidate]:
         """Every (schedule, width) this schedule considers for a decoder width of ``maximum``."""
