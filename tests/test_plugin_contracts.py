@@ -19,6 +19,7 @@ from specframe.models.testing import write_random_checkpoint
 from specframe.orders.base import OrderPolicy
 from specframe.plugins import plugin_registered
 from specframe.schedules.base import Schedule, verify_only_plan, verify_planned_chain
+from specframe.schedules.packed import PackedSchedule
 
 
 @pytest.fixture(scope="module", params=[NEMOTRON, SETDLM])
@@ -84,9 +85,17 @@ class _VerifyRaises(GreedyAcceptance):
         raise ValueError("boom in verify")
 
 
+class _FailsLater(PackedSchedule):
+    def update(self, state, plan, result):
+        if state.calls == 4:  # after some text has been written
+            raise ZeroDivisionError("late")
+        return super().update(state, plan, result)
+
+
 class _Plugin:
     @hookimpl
     def register_schedules(self, register):
+        register("fails-later", _FailsLater)
         register("plan-dict", _PlanDict)
         register("update-none", _UpdateNone)
         register("accepts-nothing", _AcceptsNothing)
@@ -161,3 +170,12 @@ def test_the_command_line_prints_one_line_or_with_debug_the_traceback(capsys, mo
     monkeypatch.setenv("SPECFRAME_DEBUG", "1")
     with pytest.raises(PluginError):
         main(args)
+
+
+def test_a_failure_after_some_text_ends_the_line_before_the_error(capsys, tmp_path):
+    folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1)
+    args = ["--schedule", "fails-later", "--width", "2", "--max-new-tokens", "24"]
+    code = main(["generate", "--model", str(folder), *args, "def f(x):"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "ZeroDivisionError: late" in err
+    assert out.strip() and out.endswith("\n")  # text was written, and the line was ended

@@ -352,10 +352,18 @@ def run_generate(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
         print(summary_line(decoder.schedule.name, result.metrics), file=sys.stderr)
         return 0
-    for piece in decoder.stream(prompt, prompt_ids=prompt_ids):  # text appears as tokens are accepted
-        sys.stdout.write(piece.text)
-        sys.stdout.flush()
-        result = piece.generation
+    written = False
+    try:
+        for piece in decoder.stream(prompt, prompt_ids=prompt_ids):  # text appears as tokens are accepted
+            sys.stdout.write(piece.text)
+            sys.stdout.flush()
+            written = written or bool(piece.text)
+            result = piece.generation
+    except BaseException:  # a failure (or Ctrl-C) mid-output: end the line, so that the error starts its own
+        if written:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        raise
     sys.stdout.write("\n")
     print(summary_line(decoder.schedule.name, result.metrics), file=sys.stderr)
     return 0
