@@ -703,3 +703,38 @@ def test_a_stop_string_stops_however_the_model_tokenizes_it(schedule):
     assert free.output_ids[: len(result.output_ids)] == result.output_ids  # the AR output, cut where it stops
     streamed = list(decoder.stream("class Foo:\n"))
     assert "".join(piece.text for piece in streamed) == result.text
+
+
+@pytest.mark.parametrize(
+    ("task", "row", "field"),
+    [
+        ("smoke", {"prompt": 5}, "prompt"),
+        ("smoke", {"prompt": {"role": "user", "content": "hi"}}, "prompt"),
+        ("humaneval", {"prompt": ["def f():"], "test": "x", "entry_point": "f"}, "prompt"),
+        ("humaneval", {"prompt": "def f():", "test": 3, "entry_point": "f"}, "test"),
+        ("mbpp", {"text": 7, "test_list": ["assert True"]}, "text"),
+        ("gsm8k", {"question": 12, "answer": "#### 4"}, "question"),
+        ("math500", {"problem": None, "answer": "4"}, None),
+        ("writingbench", {"query": ["a", "b"]}, "query"),
+    ],
+)
+def test_a_task_file_field_that_is_not_text_is_refused_not_coerced(tmp_path, task, row, field):
+    from specframe.bench.tasks import get_task
+    from specframe.errors import SpecframeError
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    message = f"a row's {field!r} is " if field else "a row has no 'problem' field"
+    with pytest.raises(SpecframeError, match=re.escape(message)):
+        get_task(task).load(path)
+    if field:
+        with pytest.raises(SpecframeError, match="not text; check that --task-file matches --task"):
+            get_task(task).load(path)
+
+
+def test_a_numeric_answer_in_a_task_file_is_still_read(tmp_path):
+    from specframe.bench.tasks import get_task
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"problem": "1 + 3?", "answer": 4}) + "\n")
+    assert get_task("math500").load(path)[0].reference == {"answer": "4"}

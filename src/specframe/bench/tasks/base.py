@@ -114,6 +114,22 @@ def require(row: Mapping[str, Any], task: str, *names: str) -> Any:
     )
 
 
+def require_text(row: Mapping[str, Any], task: str, *names: str) -> str:
+    """The first of ``names`` present in ``row``, which must be text (a prompt is never coerced from a number).
+
+    Raises:
+        SpecframeError: As :func:`require`, or naming the field and its value when it is not a string.
+    """
+    value = require(row, task, *names)
+    if not isinstance(value, str):
+        name = next(n for n in names if n in row and row[n] is not None)
+        raise SpecframeError(
+            f"task {task!r}: a row's {name!r} is {type(value).__name__} {value!r:.60}, not text; check that "
+            "--task-file matches --task"
+        )
+    return value
+
+
 def as_list(value: Any) -> list[str]:
     """A list of strings from a list, a JSON-encoded list or a newline-separated string."""
     if isinstance(value, str):

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from specframe.bench.grading.code import assertion_program, completion_code, humaneval_program, passes
-from specframe.bench.tasks.base import Example, Task, as_list, require
+from specframe.bench.tasks.base import Example, Task, as_list, require, require_text
 from specframe.bench.tasks.hub import HubSource
 from specframe.errors import SpecframeError
 
@@ -36,10 +36,10 @@ class HumanEval(Task):
     def example(self, row: Mapping[str, Any], index: int) -> Example:
         """Prompt = the problem's signature and docstring, as given."""
         reference = {
-            "test": require(row, self.name, "test"),
-            "entry_point": require(row, self.name, "entry_point"),
+            "test": require_text(row, self.name, "test"),
+            "entry_point": require_text(row, self.name, "entry_point"),
         }
-        return Example(index, str(row.get("task_id", index)), require(row, self.name, "prompt"), reference)
+        return Example(index, str(row.get("task_id", index)), require_text(row, self.name, "prompt"), reference)
 
     def grade(self, example: Example, response: str) -> bool:
         """Run prompt + completion + the problem's ``check`` in the sandbox."""
@@ -63,7 +63,7 @@ class MBPP(Task):
 
     def example(self, row: Mapping[str, Any], index: int) -> Example:
         """Zero-shot prompt: the task description, its original test assertions, then an open code fence."""
-        description = str(require(row, self.name, "prompt", "text")).strip()
+        description = require_text(row, self.name, "prompt", "text").strip()
         tests = as_list(require(row, self.name, "test_list"))
         imports = as_list(row.get("test_imports") or [])
         setup = str(row.get("test_setup_code") or "").strip()

@@ -12,7 +12,7 @@ from specframe.bench.grading.answers import (
     math_answers_match,
     same_number,
 )
-from specframe.bench.tasks.base import Example, Task, require
+from specframe.bench.tasks.base import Example, Task, require, require_text
 from specframe.bench.tasks.hub import HubSource
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -39,7 +39,7 @@ class GSM8K(Task):
         """Prompt = question + boxed-answer request; reference = the number after ``####``."""
         answer = str(require(row, self.name, "answer"))
         reference = {"answer": answer}
-        question = str(require(row, self.name, "question"))
+        question = require_text(row, self.name, "question")
         return Example(index, str(row.get("id", index)), boxed_prompt(question), reference)
 
     def grade(self, example: Example, response: str) -> bool:
@@ -63,7 +63,7 @@ class MATH500(Task):
         """Prompt = problem + boxed-answer request; reference = the answer string."""
         reference = {"answer": str(require(row, self.name, "answer"))}
         ident = str(row.get("unique_id", index))
-        return Example(index, ident, boxed_prompt(str(require(row, self.name, "problem"))), reference)
+        return Example(index, ident, boxed_prompt(require_text(row, self.name, "problem")), reference)
 
     def grade(self, example: Example, response: str) -> bool:
         """The last boxed answer equals the reference after normalisation."""

@@ -11,7 +11,7 @@ from importlib import resources
 from typing import Any
 
 from specframe.bench.grading.code import assertion_program, completion_code, passes
-from specframe.bench.tasks.base import Example, Task, as_list, require
+from specframe.bench.tasks.base import Example, Task, as_list, require_text
 from specframe.bench.tasks.files import read_rows
 
 
@@ -31,7 +31,7 @@ class Smoke(Task):
     def example(self, row: Mapping[str, Any], index: int) -> Example:
         """Prompt as given; reference = the assertions, if any."""
         tests = as_list(row.get("tests") or [])
-        return Example(index, str(row.get("id", index)), str(require(row, self.name, "prompt")), {"tests": tests})
+        return Example(index, str(row.get("id", index)), require_text(row, self.name, "prompt"), {"tests": tests})
 
     def grade(self, example: Example, response: str) -> bool | None:
         """Prompt + completion followed by the assertions, in the sandbox; ``None`` for text prompts."""

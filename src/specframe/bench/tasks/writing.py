@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from specframe.bench.tasks.base import Example, Task, require
+from specframe.bench.tasks.base import Example, Task, require_text
 
 
 class WritingBench(Task):
@@ -27,4 +27,4 @@ class WritingBench(Task):
 
     def example(self, row: Mapping[str, Any], index: int) -> Example:
         """Prompt = the complete query, not truncated."""
-        return Example(index, str(row.get("index", index)), str(require(row, self.name, "query", "prompt")))
+        return Example(index, str(row.get("index", index)), require_text(row, self.name, "query", "prompt"))
