@@ -28,14 +28,31 @@ def _override(text: str) -> tuple[str, object]:
         return key, value
 
 
+def _count(option: str, minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{option} must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("output", type=Path, help="folder to write one subfolder per family into")
     parser.add_argument("--family", choices=[NEMOTRON, SETDLM], action="append", help="default: both")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--shards", type=int, default=1, help="number of weight files (>1 writes an index)")
+    parser.add_argument(
+        "--shards", type=_count("--shards", 1), default=1, help="number of weight files (>1 writes an index)"
+    )
     parser.add_argument("--format", choices=["safetensors", "bin"], default="safetensors")
-    parser.add_argument("--lora-rank", type=int, default=0, help="Nemotron: also write linear_spec_lora/")
+    parser.add_argument(
+        "--lora-rank", type=_count("--lora-rank", 0), default=0, help="Nemotron: also write linear_spec_lora/"
+    )
     parser.add_argument(
         "--backbone-config",
         choices=["inline", "file", "none"],
@@ -53,17 +70,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     for family in args.family or [NEMOTRON, SETDLM]:
-        folder = write_random_checkpoint(
-            family,
-            args.output / family,
-            seed=args.seed,
-            shards=args.shards,
-            weights_format=args.format,
-            lora_rank=args.lora_rank if family == NEMOTRON else 0,
-            tokenizer=not args.no_tokenizer,
-            backbone_config=args.backbone_config,
-            **dict(args.set),
-        )
+        try:
+            folder = write_random_checkpoint(
+                family,
+                args.output / family,
+                seed=args.seed,
+                shards=args.shards,
+                weights_format=args.format,
+                lora_rank=args.lora_rank if family == NEMOTRON else 0,
+                tokenizer=not args.no_tokenizer,
+                backbone_config=args.backbone_config,
+                **dict(args.set),
+            )
+        except (TypeError, ValueError, OverflowError) as exc:  # a size the tokenizer or the weights cannot take
+            settings = " ".join(f"--set {key}={value!r}" for key, value in args.set)
+            parser.error(
+                f"cannot write a {family} checkpoint with {settings or 'these settings'} ({exc}); sizes must be "
+                "integers for the weights and the tokenizer (add --no-tokenizer to write a broken config.json "
+                "on purpose, for the loader to refuse)"
+            )
         print(folder)
 
 

@@ -77,3 +77,34 @@ def test_host_profile_replays_the_recorded_run_and_splits_its_time(monkeypatch):
     config = {"schedule": "packed", "width": 4, "order": "ltr", "acceptance": "greedy", "max_new_tokens": 16}
     with pytest.raises(SystemExit, match="diverged"):
         host_profile.profile_method(model, prompts, {**config, "seed": 0}, 1, 0)
+
+
+def _script(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_make_random_checkpoints_refuses_settings_it_cannot_write(tmp_path, capsys):
+    import warnings
+
+    import pytest
+
+    script = _script("make_random_checkpoints")
+    warnings.simplefilter("ignore", UserWarning)  # torch: sizes it cannot read are 0, zero-element weights
+    for argv, message in [
+        (["--shards", "0"], "--shards must be an integer >= 1, got '0'"),
+        (["--lora-rank", "-1"], "--lora-rank must be an integer >= 0, got '-1'"),
+        (["--set", "vocab_size=abc"], "cannot write a nemotron-labs-diffusion checkpoint with --set vocab_size='abc'"),
+    ]:
+        with pytest.raises(SystemExit) as info:
+            script.main([str(tmp_path / "out"), "--family", "nemotron-labs-diffusion", *argv])
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and message in err and "Traceback" not in err, err
+    # A broken config without a tokenizer is written on purpose: the loader is what must object.
+    broken = tmp_path / "broken"
+    script.main([str(broken), "--family", "nemotron-labs-diffusion", "--no-tokenizer", "--set", "vocab_size=abc"])
+    assert (broken / "nemotron-labs-diffusion" / "config.json").is_file()

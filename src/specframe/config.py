@@ -346,7 +346,7 @@ def check_top_k(rule: AcceptanceRule, model: ModelBackend) -> None:
     if isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > model.vocab_size:
         raise ConfigError(
             f"top_k {top_k} exceeds the vocabulary of model {model_display_name(model.name)!r} ({model.vocab_size} "
-            f"tokens), so it would keep every token; use a top_k <= {model.vocab_size}, or 0 / none for no truncation"
+            f"tokens), so it would keep every token; use a top_k <= {model.vocab_size}, or 0 for no truncation"
         )
 
 
