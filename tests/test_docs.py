@@ -77,6 +77,16 @@ def code_blocks(page: Path, language: str) -> list[str]:
     return blocks
 
 
+def test_every_code_fence_stands_on_a_line_of_its_own():
+    # A closing fence with text after it is no fence: the rest of the page would render as code, and the
+    # block parser above would still find the block.
+    for page in [*pages(), ROOT / "README.md"]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            fence = line.lstrip()
+            if fence.startswith("```"):
+                assert re.fullmatch(r"```[\w-]*", fence), f"{page.name}:{number}: {line!r} is not a bare fence"
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
     """Tiny models run fastest on one thread; several threads on a busy machine are many times slower."""
