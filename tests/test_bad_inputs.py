@@ -738,3 +738,13 @@ def test_a_numeric_answer_in_a_task_file_is_still_read(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"problem": "1 + 3?", "answer": 4}) + "\n")
     assert get_task("math500").load(path)[0].reference == {"answer": "4"}
+
+
+def test_bench_merge_into_a_file_or_a_system_folder_is_an_output_error(capsys, tmp_path):
+    shard = tmp_path / "shard"
+    code, _, err = _cli(capsys, *_bench(tmp_path, shard))
+    assert code == 0, err
+    (tmp_path / "file").write_text("x")
+    for out, message in [(tmp_path / "file", "is an existing file"), ("/proc/specframe-merge", "cannot be used")]:
+        code, _, err = _cli(capsys, "bench", "merge", str(shard), "--out", str(out))
+        assert code == 1 and f"--out {out} {message}" in err and "internal error" not in err, err

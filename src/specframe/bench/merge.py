@@ -12,6 +12,7 @@ from specframe.bench.records import (
     RECORDS_FILE,
     RUN_FILE,
     check_same_run,
+    prepare_folder,
     read_records,
     read_run,
     record_key,
@@ -88,7 +89,7 @@ def merge_runs(
     limits = [BenchSettings.from_dict(r["settings"]).limit for r in runs]
     settings.limit = None if any(lim is None for lim in limits) else max(limits)
     records = sorted(merged.values(), key=lambda r: (r["prompt_index"], r["repeat"], r["schedule"], str(r["width"])))
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_folder(out, option="--out")
     write_records(out / RECORDS_FILE, records)
     run = {
         "settings": settings.to_dict(),
