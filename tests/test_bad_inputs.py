@@ -748,3 +748,11 @@ def test_bench_merge_into_a_file_or_a_system_folder_is_an_output_error(capsys, t
     for out, message in [(tmp_path / "file", "is an existing file"), ("/proc/specframe-merge", "cannot be used")]:
         code, _, err = _cli(capsys, "bench", "merge", str(shard), "--out", str(out))
         assert code == 1 and f"--out {out} {message}" in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize(("option", "inside"), [("--ship", "hub"), ("--records", "")])
+def test_train_refuses_to_copy_the_run_onto_itself(capsys, tmp_path, option, inside):
+    work = tmp_path / "run"
+    target = work / inside if inside else work
+    code, _, err = _cli(capsys, "train", "setdlm", "--steps", "1", "--work-dir", str(work), option, str(target))
+    assert code == 1 and f"{option} {target} is where the run writes those files itself" in err, err

@@ -63,8 +63,14 @@ def run(args: argparse.Namespace) -> int:
     from specframe.models.threads import check_threads, machine_cores
 
     threads = min(2, machine_cores()) if args.threads is None else check_threads(args.threads, "--threads")
+    own = {"--ship": args.work_dir / "hub", "--records": args.work_dir}  # where the run writes those files itself
     for option, folder in (("--ship", args.ship), ("--records", args.records)):  # not only after the training
         if folder is not None:
+            if folder.expanduser().resolve() == own[option].expanduser().resolve():
+                raise ConfigError(
+                    f"{option} {folder} is where the run writes those files itself ({own[option]}); drop {option} "
+                    "or give another folder"
+                )
             prepare_folder(folder, option=option)
     prepare_folder(args.work_dir, option="--work-dir")
     summary = train(config, args.work_dir, threads=threads, log=lambda line: print(line, flush=True))
