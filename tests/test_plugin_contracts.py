@@ -12,6 +12,7 @@ import pytest
 from decoding_helpers import NEMOTRON, SETDLM, tiny_model
 from specframe import compose
 from specframe.acceptance.greedy import GreedyAcceptance
+from specframe.acceptance.rejection import RejectionSampling
 from specframe.cli import main
 from specframe.errors import PluginError
 from specframe.hookspecs import hookimpl
@@ -85,6 +86,13 @@ class _VerifyRaises(GreedyAcceptance):
         raise ValueError("boom in verify")
 
 
+class _SamplesWithoutTheFlag(RejectionSampling):
+    stochastic = False  # forgotten: the rule still draws from the generator it is given
+
+    def __init__(self):
+        super().__init__(temperature=1.0)
+
+
 class _FailsLater(PackedSchedule):
     def update(self, state, plan, result):
         if state.calls == 4:  # after some text has been written
@@ -110,6 +118,7 @@ class _Plugin:
     def register_acceptance_rules(self, register):
         register("tuple-verdict", _TupleVerdict)
         register("verify-raises", _VerifyRaises)
+        register("samples-unflagged", _SamplesWithoutTheFlag)
 
 
 @pytest.fixture(autouse=True)
@@ -179,3 +188,12 @@ def test_a_failure_after_some_text_ends_the_line_before_the_error(capsys, tmp_pa
     out, err = capsys.readouterr()
     assert code == 1 and "ZeroDivisionError: late" in err
     assert out.strip() and out.endswith("\n")  # text was written, and the line was ended
+
+
+def test_a_sampling_rule_without_the_stochastic_flag_is_reproduced_by_its_seed(model):
+    # Every rule gets the request's seeded generator: without it this rule drew from torch's global one.
+    decoder = compose({"model": model, "acceptance": "samples-unflagged", "width": 3, "max_new_tokens": 24})
+    first = [decoder.generate(prompt_ids=[1, 2], seed=seed).output_ids for seed in range(4)]
+    again = [decoder.generate(prompt_ids=[1, 2], seed=seed).output_ids for seed in range(4)]
+    assert first == again
+    assert len({tuple(ids) for ids in first}) > 1  # it does sample: the seeds give different outputs

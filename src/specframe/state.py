@@ -41,7 +41,7 @@ class DecodeContext:
         order: Verification order policy.
         rule: Acceptance rule.
         traits: Layout traits of the model family.
-        generator: Random generator for stochastic acceptance (seeded for reproducibility).
+        generator: The request's random generator, seeded for reproducibility (given to every acceptance rule).
         eos_token_ids: Token ids that end generation.
         stop_sequences: Token sequences that end generation once all their tokens are accepted.
         stop_texts: Texts that end generation at the output token whose text completes one, however the

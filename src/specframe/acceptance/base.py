@@ -207,7 +207,8 @@ class Verdict(DeferredRead):
 class AcceptanceRule(ABC):
     """Proposes draft tokens and verifies draft chains; exactness of the output distribution rests here."""
 
-    #: Whether the rule samples (uses the random generator) or is deterministic.
+    #: Whether the rule samples or is deterministic. It documents the rule: the decoder gives every rule the
+    #: request's seeded generator, so a seed reproduces a sampling rule's output even if this is left False.
     stochastic: bool = False
 
     @abstractmethod
@@ -226,7 +227,7 @@ class AcceptanceRule(ABC):
         Args:
             drafts: The chain's draft tokens in rank order (kappa of them), with their stored proposals.
             logits: ``[m, V]`` verifier logits for ranks ``1..m``, where ``m`` is ``kappa`` or ``kappa + 1``.
-            generator: Random generator for stochastic rules.
+            generator: The request's seeded random generator (every rule receives one).
 
         Returns:
             How many drafts were accepted and the verifier's token after them.
@@ -244,7 +245,7 @@ class AcceptanceRule(ABC):
             drafts: The chain's draft tokens in rank order, as for :meth:`verify`.
             logits: ``[num_verify + k, V]``: the verifier rows of the chain's ranks, then ``k`` drafter rows.
             num_verify: How many leading rows are verifier rows.
-            generator: Random generator for stochastic rules.
+            generator: The request's seeded random generator (every rule receives one).
 
         Returns:
             The proposals of the ``k`` drafter rows (``None`` when ``k == 0``) and the verdict.
