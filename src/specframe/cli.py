@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from specframe.errors import ConfigError, InputError, SpecframeError
+from specframe.specs import comma_items, parse_spec
 
 # Subcommands implemented in other modules: name -> module with add_parser(subparsers) and run(args).
 EXTERNAL_COMMANDS = {
@@ -208,8 +209,6 @@ def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> 
     Raises:
         ConfigError: For malformed plugin specs, bad escapes in ``--stop``, or contradictory sampling options.
     """
-    from specframe.specs import parse_spec
-
     sampling = {
         k: v
         for k, v in (("temperature", args.temperature), ("top_k", args.top_k), ("top_p", args.top_p))
@@ -390,8 +389,6 @@ def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None
     if args.prompt is not None and args.prompt_ids is not None:
         raise InputError("give either a PROMPT or --prompt-ids, not both")
     if args.prompt_ids is not None:
-        from specframe.specs import comma_items
-
         if not args.prompt_ids.strip():
             return None, []  # the decoder says that the prompt is empty
         parts = comma_items(args.prompt_ids, option="--prompt-ids")

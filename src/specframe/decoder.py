@@ -278,7 +278,7 @@ class Decoder:
                 if metrics.nfe >= budget:
                     raise RuntimeError(f"schedule {schedule.name!r} made no progress after {metrics.nfe} calls")
                 plan = schedule.plan(state)
-                if plan.__class__ is not CallPlan and not isinstance(plan, CallPlan):
+                if not isinstance(plan, CallPlan):
                     raise contract_error(schedule, "schedule", f"plan() returned {type(plan).__name__}, not a CallPlan")
                 call = builder.physical(plan)
                 ids = call.input_ids

@@ -145,7 +145,7 @@ def verify_planned_chain(state: DecodeState, plan: CallPlan, result: CallResult)
     ctx = state.ctx
     chain = planned_chain(state, plan)
     verdict = ctx.rule.verify(chain, result.verify_logits, ctx.generator)
-    if verdict.__class__ is not Verdict and not isinstance(verdict, Verdict):
+    if not isinstance(verdict, Verdict):
         raise contract_error(ctx.rule, "acceptance rule", f"verify() returned {type(verdict).__name__}, not a Verdict")
     accept_verdict(state, plan, chain, verdict)
     return verdict
