@@ -331,23 +331,31 @@ class Decoder:
         The verifier's own token (a correction or bonus) is never committed from this call, even if a row
         happens to carry the same token: it is processed as an input of the next call, as both families'
         layouts expect (appendix D).
+
+        An EOS accepted out of order drops the tokens past it. A row that saw a dropped token is not kept:
+        each pending or draft row attends to the whole cache and to the inputs before it (pending tokens in
+        generation order, then the chain by rank), so nothing is kept when a cached token was dropped, and
+        nothing after the first dropped input. Those tokens stay pending and the next call recomputes them.
         """
+        if state.stale_cached:  # a cached token this call attended to was dropped
+            cache.drop_positions(state.stale_cached)
+            state.stale_cached = set()
+            return
         plan, commit_rows = call.plan, call.commit_rows
-        allowed = [p for p, _ in plan.pending]
-        allowed += plan.order[: min(drafts_accepted, len(plan.chain))]
+        accepted = min(drafts_accepted, len(plan.chain))
+        inputs = [*plan.pending, *zip(plan.order[:accepted], plan.chain[:accepted], strict=True)]
         rows, positions = [], []
         resolved_token = state.resolved_token
-        for position in allowed:
+        for position, token in inputs:
+            if resolved_token(position) != token:
+                break  # dropped past an EOS: every later row of this call saw it
             entry = commit_rows.get(position)
-            if entry is not None and resolved_token(position) == entry[1]:
+            if entry is not None and entry[1] == token:
                 rows.append(entry[0])
                 positions.append(position)
         if rows:
             cache.commit(rows, positions)
             state.mark_cached(positions)
-        if state.stale_cached:  # an EOS accepted out of order: forget rows that saw dropped tokens
-            cache.drop_positions(state.stale_cached)
-            state.stale_cached = set()
 
     def _context(self, seed: int | None) -> DecodeContext:
         # Every rule gets the request's seeded generator, whatever its ``stochastic`` says: a plugin rule that
