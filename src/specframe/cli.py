@@ -21,6 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from specframe.envflags import env_flag
 from specframe.errors import ConfigError, InputError, SpecframeError
 from specframe.specs import comma_items, parse_spec
 
@@ -51,9 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        debug = env_flag("SPECFRAME_DEBUG")
+    except ConfigError as exc:
+        return _fail(str(exc))
+    try:
         return int(args.handler(args) or 0)
     except SpecframeError as exc:
-        if exc.__cause__ is not None and os.environ.get("SPECFRAME_DEBUG"):
+        if exc.__cause__ is not None and debug:
             raise  # e.g. a plugin's bug: the traceback of what it raised comes with it
         return _fail(str(exc))
     except KeyboardInterrupt:
@@ -61,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _reader_gone()
     except Exception as exc:  # keep the one-line contract, but keep bugs debuggable
-        if os.environ.get("SPECFRAME_DEBUG"):
+        if debug:
             raise
         return _fail(f"internal error ({type(exc).__name__}: {exc}); set SPECFRAME_DEBUG=1 for a traceback")
 
