@@ -17,6 +17,7 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -390,6 +391,9 @@ def summary_line(schedule: str, m: Any) -> str:
     return line
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # a --prompt-ids entry: ASCII digits, as [0-9] says
+
+
 def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None]:
     if args.prompt is not None and args.prompt_ids is not None:
         raise InputError("give either a PROMPT or --prompt-ids, not both")
@@ -397,13 +401,10 @@ def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None
         if not args.prompt_ids.strip():
             return None, []  # the decoder says that the prompt is empty
         parts = comma_items(args.prompt_ids, option="--prompt-ids")
-        try:
-            ids = [int(part) for part in parts]
-        except ValueError:
-            raise InputError(
-                f"--prompt-ids must be comma-separated integers like 1,2,3, got {args.prompt_ids!r}"
-            ) from None
-        return None, ids
+        # ASCII digits only: int() also reads other scripts' digits ('١' is 1) and underscores ('1_0' is 10)
+        if not all(_INTEGER.fullmatch(part) for part in parts):
+            raise InputError(f"--prompt-ids must be comma-separated integers like 1,2,3, got {args.prompt_ids!r}")
+        return None, [int(part) for part in parts]
     if args.prompt is None:
         raise InputError("no prompt: give PROMPT text, '-' to read standard input, or --prompt-ids")
     if args.prompt == "-":
