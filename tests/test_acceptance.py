@@ -45,6 +45,8 @@ def test_greedy_takes_no_options():
         ({"temperature": -1.0}, "temperature"),
         ({"temperature": float("inf")}, "temperature must be a number > 0 and finite"),
         ({"temperature": float("nan")}, "temperature must be a number > 0 and finite"),
+        ({"temperature": 1e-40}, r"temperature 1e-40 is too small .* use the 'greedy' rule"),
+        ({"temperature": 1e-31}, r"temperature 1e-31 is too small .* smallest accepted is 1e-30"),
         ({"top_k": -3}, "top_k"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),

@@ -399,6 +399,24 @@ def test_an_infinite_temperature_is_refused(capsys, value):
     assert code == 1 and "temperature must be a number > 0 and finite" in err
 
 
+@pytest.mark.parametrize("value", ["1e-38", "1e-40", "1e-300"])
+def test_a_temperature_too_small_for_float32_is_refused(capsys, value):
+    """Logits divided by it overflowed: NaN probabilities and a token id past the vocabulary, with exit 0."""
+    args = ["generate", "x", "--schedule", "ar", "--temperature", value, "--max-new-tokens", "1", "--json"]
+    code, out, err = _cli(capsys, *args)
+    assert code == 1 and not out
+    assert f"temperature {value} is too small" in err and "--temperature 0" in err
+
+
+def test_the_smallest_accepted_temperature_samples_within_the_vocabulary(capsys):
+    code, out, err = _cli(
+        capsys, "generate", "x", "--schedule", "ar", "--temperature", "1e-30", "--max-new-tokens", "3", "--json"
+    )
+    assert code == 0, err
+    vocabulary = compose({"schedule": "ar"}).model.vocab_size
+    assert all(0 <= token < vocabulary for token in json.loads(out)["output_ids"])
+
+
 def test_a_revision_of_a_local_or_bundled_model_is_refused(capsys, tmp_path):
     folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False)
     for source in (folder, str(folder), None, "setdlm-stdlib-tiny"):

@@ -55,6 +55,13 @@ def test_generate_json_contract(capsys, checkpoints, family, order, schedule):
     assert isinstance(result["text"], str) and result["prompt_ids"]
 
 
+def test_prompt_ids_take_ascii_integers_with_spaces_and_a_plus_sign(capsys, checkpoints):
+    args = ["generate", "--prompt-ids", " 5, +6 ,7", "--model", checkpoints["nemotron"], "--schedule", "ar"]
+    code, out, err = _run(capsys, *args, "--max-new-tokens", "1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["prompt_ids"] == [5, 6, 7]
+
+
 def test_generate_with_prompt_ids_sampling_and_confidence_order(capsys, checkpoints):
     args = ["generate", "--prompt-ids", "5,6,7", "--model", checkpoints["setdlm"], "--order", "confidence"]
     args += ["--max-new-tokens", "8"]
@@ -90,6 +97,11 @@ def test_errors_are_one_line_without_traceback(capsys, checkpoints, args, messag
     ("args", "message"),
     [
         (["generate", "--prompt-ids", "1,x"], "--prompt-ids must be comma-separated integers"),
+        (
+            ["generate", "--prompt-ids", "\u0661,\u0662"],
+            "--prompt-ids must be comma-separated integers",
+        ),  # Arabic-Indic
+        (["generate", "--prompt-ids", "1_0"], "--prompt-ids must be comma-separated integers"),
         (["generate"], "no prompt"),
         (["generate", "x", "--prompt-ids", "1"], "not both"),
         (["generate", "x", "--model", "/no/such/folder"], "does not exist"),

@@ -7,6 +7,7 @@
   each for a stated reason).
 * The plugin directory lists every built-in implementation, and the attention-mask figures show the row
   counts the pages state.
+* CI's strict docs build (``.ci/docs-build``) fails on a warning.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import importlib
 import importlib.util
 import io
 import json
+import os
 import re
 import runpy
 import shlex
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -37,6 +40,7 @@ HOOKS_PAGE = DOCS / "plugins" / "hooks.md"
 TUTORIAL = DOCS / "plugins" / "tutorial.md"
 DIRECTORY = DOCS / "plugins" / "directory.md"
 TUTORIAL_PLUGIN = ROOT / "plugins" / "specframe-adaptive-packed"
+DOCS_BUILD = ROOT / ".ci" / "docs-build"
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 # A pymdownx.snippets block: --8<-- on a line, then one "path" or "path:section" per line, then --8<--.
 SNIPPET = re.compile(r"^--8<--\n(?P<body>.*?)\n--8<--$", re.M | re.S)
@@ -449,3 +453,38 @@ def test_the_mask_figures_show_the_row_counts_the_pages_state():
     assert rows[setdlm, "ar"] == pending + 1
     rendered = figures["render"](next(iter(figures["cases"]())))
     assert rendered.startswith(b"\x89PNG")
+
+
+# -- CI's docs build ------------------------------------------------------------------------------------------
+
+
+def test_ci_runs_the_docs_build_that_is_tested_here():
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    commands = [line.strip() for line in ci.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert ".ci/docs-build" in commands, ".ci/run must build the docs with .ci/docs-build"
+    assert not [line for line in commands if "mkdocs" in line], (
+        ".ci/run must not call mkdocs except through .ci/docs-build"
+    )
+
+
+def _docs_build(project: Path) -> subprocess.CompletedProcess:
+    """``.ci/docs-build`` on the one-page mkdocs project in ``project``, with this interpreter's scripts first."""
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    command = [str(DOCS_BUILD), "--config-file", str(project / "mkdocs.yml"), "--site-dir", str(project / "site")]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.parametrize("planted", [False, True], ids=["clean", "broken-link"])
+def test_the_ci_docs_build_fails_on_a_warning(tmp_path, planted):
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "mkdocs.yml").write_text("site_name: planted\nnav:\n  - Home: index.md\n", encoding="utf-8")
+    link = "[a page that is not there](missing.md)" if planted else "no links"
+    (tmp_path / "docs" / "index.md").write_text(f"# Home\n\n{link}\n", encoding="utf-8")
+    build = _docs_build(tmp_path)
+    output = build.stdout + build.stderr
+    if planted:  # the project itself does not say strict: the flag in .ci/docs-build must do it, and loudly
+        assert build.returncode != 0, f"a warning did not fail the strict build:\n{output}"
+        assert "missing.md" in output, f"the failing build does not show the warning:\n{output}"
+    else:
+        assert build.returncode == 0, f"the clean one-page project does not build:\n{output}"

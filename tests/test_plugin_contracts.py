@@ -172,13 +172,22 @@ def test_the_command_line_prints_one_line_or_with_debug_the_traceback(capsys, mo
     folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1)
     args = ["generate", "--model", str(folder), "--schedule", "plan-raises", "--max-new-tokens", "2",
             "--prompt-ids", "3,4,5"]  # fmt: skip
-    monkeypatch.delenv("SPECFRAME_DEBUG", raising=False)
+    for off in (None, "", "0", "off", "False", "NO"):  # each means no traceback (a set "0" used to mean one)
+        if off is None:
+            monkeypatch.delenv("SPECFRAME_DEBUG", raising=False)
+        else:
+            monkeypatch.setenv("SPECFRAME_DEBUG", off)
+        assert main(args) == 1, off
+        err = capsys.readouterr().err
+        assert err.startswith("error: schedule 'plan-raises' (plugin 'contract_breakers'") and err.count("\n") == 1
+    for on in ("1", "true", "Yes", "ON"):
+        monkeypatch.setenv("SPECFRAME_DEBUG", on)
+        with pytest.raises(PluginError):
+            main(args)
+    monkeypatch.setenv("SPECFRAME_DEBUG", "abc")
     assert main(args) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error: schedule 'plan-raises' (plugin 'contract_breakers'") and err.count("\n") == 1
-    monkeypatch.setenv("SPECFRAME_DEBUG", "1")
-    with pytest.raises(PluginError):
-        main(args)
+    assert err.startswith("error: environment variable SPECFRAME_DEBUG='abc' is not a switch") and err.count("\n") == 1
 
 
 def test_a_failure_after_some_text_ends_the_line_before_the_error(capsys, tmp_path):

@@ -17,10 +17,12 @@ import argparse
 import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from specframe.envflags import env_flag
 from specframe.errors import ConfigError, InputError, SpecframeError
 from specframe.specs import comma_items, parse_spec
 
@@ -51,9 +53,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
+        debug = env_flag("SPECFRAME_DEBUG")
+    except ConfigError as exc:
+        return _fail(str(exc))
+    try:
         return int(args.handler(args) or 0)
     except SpecframeError as exc:
-        if exc.__cause__ is not None and os.environ.get("SPECFRAME_DEBUG"):
+        if exc.__cause__ is not None and debug:
             raise  # e.g. a plugin's bug: the traceback of what it raised comes with it
         return _fail(str(exc))
     except KeyboardInterrupt:
@@ -61,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return _reader_gone()
     except Exception as exc:  # keep the one-line contract, but keep bugs debuggable
-        if os.environ.get("SPECFRAME_DEBUG"):
+        if debug:
             raise
         return _fail(f"internal error ({type(exc).__name__}: {exc}); set SPECFRAME_DEBUG=1 for a traceback")
 
@@ -385,6 +391,9 @@ def summary_line(schedule: str, m: Any) -> str:
     return line
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")  # a --prompt-ids entry: ASCII digits, as [0-9] says
+
+
 def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None]:
     if args.prompt is not None and args.prompt_ids is not None:
         raise InputError("give either a PROMPT or --prompt-ids, not both")
@@ -392,13 +401,10 @@ def _read_prompt(args: argparse.Namespace) -> tuple[str | None, list[int] | None
         if not args.prompt_ids.strip():
             return None, []  # the decoder says that the prompt is empty
         parts = comma_items(args.prompt_ids, option="--prompt-ids")
-        try:
-            ids = [int(part) for part in parts]
-        except ValueError:
-            raise InputError(
-                f"--prompt-ids must be comma-separated integers like 1,2,3, got {args.prompt_ids!r}"
-            ) from None
-        return None, ids
+        # ASCII digits only: int() also reads other scripts' digits ('١' is 1) and underscores ('1_0' is 10)
+        if not all(_INTEGER.fullmatch(part) for part in parts):
+            raise InputError(f"--prompt-ids must be comma-separated integers like 1,2,3, got {args.prompt_ids!r}")
+        return None, [int(part) for part in parts]
     if args.prompt is None:
         raise InputError("no prompt: give PROMPT text, '-' to read standard input, or --prompt-ids")
     if args.prompt == "-":

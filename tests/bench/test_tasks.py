@@ -125,6 +125,20 @@ def test_bad_jsonl_line_and_missing_file(tmp_path):
         get_task("gsm8k").load(tmp_path / "missing.jsonl")
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_a_jsonl_string_may_hold_characters_that_splitlines_would_split_at(tmp_path, separator):
+    """JSON allows these raw inside a string (ensure_ascii=False writes them so); only "\\n" ends a record."""
+    rows = [{"question": f"one{separator}two", "answer": "#### 1"}, {"question": "three", "answer": "#### 3"}]
+    for name, newline in (("lf.jsonl", "\n"), ("crlf.jsonl", "\r\n")):
+        path = tmp_path / name
+        text = "".join(json.dumps(row, ensure_ascii=False) + newline for row in rows)
+        assert separator in text  # written raw, not as an escape
+        path.write_bytes(text.encode("utf-8"))
+        examples = get_task("gsm8k").load(path)
+        assert len(examples) == 2, name
+        assert examples[0].prompt.startswith(f"one{separator}two") and examples[1].prompt.startswith("three")
+
+
 def test_offline_hub_error_names_the_local_alternative(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))

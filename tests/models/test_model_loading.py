@@ -15,7 +15,7 @@ from zoo_helpers import causal, run
 from specframe.errors import CheckpointError, UnknownPluginError
 from specframe.models import ModelBackend, load_model
 from specframe.models.hub import DEFAULT_MODEL, bundled_model, bundled_model_names, model_display_name
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
+from specframe.models.testing import NEMOTRON, SETDLM, small_vocabulary, write_random_checkpoint
 
 TOKENS = [5, 17, 300, 42, 7]
 
@@ -97,6 +97,18 @@ def test_setdlm_special_ids_fall_back_to_the_tokenizer(tmp_path, setdlm64):
     model = load_model(folder)
     assert model.mask_token_id == setdlm64.mask_token_id
     assert set(model.eos_token_ids) == set(setdlm64.eos_token_ids)
+
+
+@pytest.mark.parametrize(("family", "backbone_config"), [(NEMOTRON, "inline"), (SETDLM, "inline"), (SETDLM, "file")])
+def test_a_small_vocabulary_loads_with_its_documented_special_ids(tmp_path, family, backbone_config):
+    """The last id is the mask token, the one before it EOS (SetDLM's EOS used to land in backbone_config)."""
+    vocabulary = small_vocabulary(family, 24)
+    folder = write_random_checkpoint(family, tmp_path, tokenizer=False, backbone_config=backbone_config, **vocabulary)
+    model = load_model(folder)
+    assert (model.vocab_size, model.mask_token_id, model.eos_token_ids) == (24, 23, (22,))
+    if family == SETDLM:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        assert config["eos_token_id"] == 22
 
 
 def _hub_cache(tmp_path: Path, source: Path, repo_id: str, revision: str) -> Path:

@@ -119,7 +119,7 @@ def _rows(count: int):
 _ROWS: dict[int, object] = {}
 
 
-def draw(ids, probs, uniforms):
+def draw(ids: numpy.ndarray, probs: numpy.ndarray, uniforms: numpy.ndarray) -> tuple[numpy.ndarray, numpy.ndarray]:
     """One token per row of candidate ``probs`` (each row with positive mass), inverse-CDF from ``uniforms``.
 
     Returns:

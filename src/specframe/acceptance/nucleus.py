@@ -73,7 +73,9 @@ HOST_PREFIX = 512
 HOST_HEAD = 512
 
 
-def host_nucleus(probs, top_p: float, ids=None) -> tuple[object, object]:
+def host_nucleus(
+    probs: numpy.ndarray, top_p: float, ids: numpy.ndarray | None = None
+) -> tuple[numpy.ndarray, numpy.ndarray]:
     """Each row's nucleus by a sort on the host, as :func:`nucleus_sorted` sorts and keeps.
 
     Args:

@@ -21,6 +21,12 @@ from specframe.acceptance.nucleus import Nucleus
 from specframe.acceptance.select import kth_largest
 from specframe.hookspecs import hookimpl
 
+#: The smallest temperature :func:`make_rejection` accepts. Logits divided by a temperature overflow float32 once
+#: ``|logit| > 3.4e38 * temperature`` (the probabilities turn NaN and the sampled ids leave the vocabulary;
+#: below about 1e-38 the temperature itself is not a normal float32). At this bound only logits beyond 3.4e8
+#: would overflow, which no model gives, and a smaller temperature would pick the most likely token anyway.
+MIN_TEMPERATURE = 1e-30
+
 #: Subtracted from the logits that top-k drops: their softmax weight underflows to exactly 0, as with -inf.
 MASKED = 1e30
 
@@ -263,12 +269,19 @@ def make_rejection(temperature: float = 1.0, top_k: int | None = None, top_p: fl
     """Factory for the ``rejection`` rule with validated options.
 
     Raises:
-        ValueError: For a non-positive or infinite temperature, a negative top_k or a top_p outside (0, 1].
+        ValueError: For a non-positive, infinite or too small temperature (below :data:`MIN_TEMPERATURE`), a
+            negative top_k or a top_p outside (0, 1].
     """
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
         raise ValueError(
             f"temperature must be a number > 0 and finite for rejection sampling, got {temperature!r}; "
             "for temperature 0 use the 'greedy' rule"
+        )
+    if temperature < MIN_TEMPERATURE:
+        raise ValueError(
+            f"temperature {temperature!r} is too small to sample with: logits divided by it overflow float32 "
+            f"(the smallest accepted is {MIN_TEMPERATURE:g}); a temperature this small picks the most likely "
+            "token anyway, so use the 'greedy' rule (--temperature 0 on the command line)"
         )
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0):
         raise ValueError(f"top_k must be a non-negative integer (0 = no truncation), got {top_k!r}")

@@ -47,6 +47,8 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from specframe.envflags import env_flag
+
 PACKED_MIN_ROWS = 3
 """Rows from which the float32 prepacked oneDNN kernel beats ``F.linear`` (measured: 2 rows tie, 4 win)."""
 
@@ -79,7 +81,7 @@ def prepack_allowed(weight_bytes: int, device: torch.device, dtype: torch.dtype)
     Only on the CPU, for float32 and bfloat16, with oneDNN available, when the copies take at most a
     quarter of physical memory, and unless ``SPECFRAME_PREPACK=0`` is set.
     """
-    if os.environ.get("SPECFRAME_PREPACK", "1") == "0":
+    if not env_flag("SPECFRAME_PREPACK", default=True):
         return False
     if device.type != "cpu" or dtype not in _PACK_HINT or not onednn_available():
         return False

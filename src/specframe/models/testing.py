@@ -26,7 +26,7 @@ from safetensors.torch import save_file
 
 from specframe.models import nemotron, setdlm
 from specframe.models.config_json import Fields, read_dims
-from specframe.models.export import write_config, write_tensors
+from specframe.models.export import merge, write_config, write_tensors
 from specframe.models.layers import RopeSpec
 from specframe.models.transformer import DecoderNetwork, NetworkConfig
 from specframe.models.weights import KeyLayout
@@ -65,11 +65,14 @@ def write_random_checkpoint(
             accepted drafts under rejection sampling), above 1 sharper. It scales the final norm's weight.
         dtype: dtype of the written weights.
         **config_overrides: config.json fields to change (see :func:`~specframe.models.export.write_config`).
+            For SetDLM, ``eos_token_id`` and ``bos_token_id`` go to the top level, where the loader reads
+            them (:func:`~specframe.models.export.write_config` files them with the Qwen3 backbone's settings).
 
     Returns:
         The folder.
     """
     folder = Path(folder)
+    top = {k: config_overrides.pop(k) for k in _SETDLM_TOP_IDS if family == SETDLM and k in config_overrides}
     dims = write_config(family, folder, backbone_config=backbone_config, **config_overrides)
     # Sizes only, unvalidated: tests write broken configs on purpose, and the loader is what must object.
     sizes = read_dims(Fields(dims, str(folder)), default_eps=1e-6)
@@ -82,9 +85,11 @@ def write_random_checkpoint(
         tensors[final_norm] = tensors[final_norm] * float(logit_scale)
     if tokenizer:
         (folder / "tokenizer.json").write_text(_tokenizer_json(family, dims["vocab_size"]), encoding="utf-8")
-    if family == SETDLM and "mask_token_id" not in config_overrides:
+    if family == SETDLM:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        config.update(_setdlm_special_ids(dims["vocab_size"]))
+        if "mask_token_id" not in config_overrides:
+            config.update(_setdlm_special_ids(dims["vocab_size"]))
+        config = merge(config, top)  # after the defaults: a given id (or None, deleting it) wins
         (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     write_tensors({k: v.to(dtype) for k, v in tensors.items()}, folder, shards=shards, weights_format=weights_format)
     if lora_rank:
@@ -101,6 +106,11 @@ def small_vocabulary(family: str, vocab_size: int) -> dict[str, int]:
     ids = {"vocab_size": vocab_size, "mask_token_id": vocab_size - 1}
     ids |= {"eos_token_id": vocab_size - 2, "pad_token_id": vocab_size - 2}
     return ids | ({"bos_token_id": nemotron.SPECIAL_IDS["bos_token_id"]} if family == NEMOTRON else {})
+
+
+#: Special ids that a SetDLM config.json holds at its top level but :func:`write_config` would file under
+#: ``backbone_config`` (the Qwen3 settings have fields of these names, which the loader does not read).
+_SETDLM_TOP_IDS = ("eos_token_id", "bos_token_id")
 
 
 def _setdlm_special_ids(vocab_size: int) -> dict[str, Any]:

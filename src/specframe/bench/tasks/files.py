@@ -47,7 +47,9 @@ def read_rows(path: str | Path) -> list[Mapping[str, Any]]:
 
 def _jsonl_rows(text: str, path: Path) -> list[Any]:
     rows = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # JSON Lines ends a record at "\n" only (the file is read with universal newlines, so "\r\n" is one too):
+    # str.splitlines would also split inside a string at U+2028, U+0085 and the like, which JSON allows raw.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
