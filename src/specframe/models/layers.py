@@ -186,7 +186,11 @@ class ForwardContext:
         sin: ``[R, head_dim]`` rotary sines.
         mask: ``[R, cached + R]`` boolean attention mask (True = may attend).
         query_scale: ``[R]`` per-row query multiplier, or ``None``.
-        adapter_rows: ``[R]`` boolean rows that get low-rank adapters, or ``None``.
+        adapter_rows: ``[R]`` boolean rows that get low-rank adapters, or ``None`` (``[B, T]`` when batched).
+        prefix: Cache-free only: per layer, the ``[B, P, kv_heads, head_dim]`` keys and values of ``P`` earlier
+            rows that the new rows also attend to (they come first in ``mask``'s last dimension).
+        capture: Cache-free only: a list that receives each layer's ``(keys, values)`` of the prefix and the new
+            rows together (the prefix of a next call).
     """
 
     cache: KVCache | None
@@ -195,6 +199,8 @@ class ForwardContext:
     mask: torch.Tensor
     query_scale: torch.Tensor | None = None
     adapter_rows: torch.Tensor | None = None
+    prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+    capture: list[tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 class LowRankUpdate(nn.Module):
@@ -249,7 +255,17 @@ class Attention(nn.Module):
         if ctx.query_scale is not None:
             q = q * ctx.query_scale[..., None, None]
         if ctx.cache is None:
-            return self.o_proj(self._batched(q, k, v, ctx.mask))
+            if ctx.prefix is not None:
+                k, v = (
+                    torch.cat([earlier, new], dim=1) for earlier, new in zip(ctx.prefix[layer], (k, v), strict=True)
+                )
+            if ctx.capture is not None:
+                ctx.capture.append((k, v))
+            out = self._batched(q, k, v, ctx.mask)
+            projected = self.o_proj(out)
+            if self.o_lora is not None and ctx.adapter_rows is not None:
+                projected = torch.where(ctx.adapter_rows[..., None], projected + self.o_lora(out), projected)
+            return projected
         keys, values = ctx.cache.write(layer, k, v)
         out = F.scaled_dot_product_attention(
             rearrange(q, "r h d -> 1 h r d"),
@@ -265,7 +281,7 @@ class Attention(nn.Module):
         return projected
 
     def _batched(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Cache-free attention of ``[B, T, heads, dim]`` rows under a ``[B, T, T]`` mask (training)."""
+        """Cache-free attention of ``[B, T, heads, dim]`` queries over ``[B, S, kv_heads, dim]`` keys (training)."""
         out = F.scaled_dot_product_attention(
             rearrange(q, "b t h d -> b h t d"),
             rearrange(k, "b t h d -> b h t d"),

@@ -28,20 +28,42 @@ class TrainingForward:
         self.rotary = RotaryEmbedding(config.rope, config.dims.head_dim, device, dtype)
         self.dtype = dtype
 
-    def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def hidden(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor,
+        *,
+        adapter_rows: torch.Tensor | None = None,
+        prefix: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        capture: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    ) -> torch.Tensor:
         """Final normalised hidden states ``[B, T, hidden]``.
 
         Args:
             input_ids: ``[B, T]`` token ids.
             position_ids: ``[B, T]`` position ids (rows may share positions, as duplicate masks do).
-            mask: ``[B, T, T]`` boolean attention mask; every row must see at least one row.
+            mask: ``[B, T, T]`` boolean attention mask (``[B, T, P + T]`` with a ``prefix``); every row must see
+                at least one row.
+            adapter_rows: ``[B, T]`` rows that get the low-rank adapters, if the network has any.
+            prefix: Per layer, keys and values of ``P`` earlier rows (e.g. from ``capture``) to attend to.
+            capture: A list that receives each layer's keys and values of the prefix and these rows.
         """
         config: NetworkConfig = self.network.config
         cos, sin = self.rotary(position_ids)
         scale = None
         if config.query_scale_beta:
             scale = llama4_query_scale(position_ids, config.query_scale_beta, config.query_scale_length, self.dtype)
-        ctx = ForwardContext(cache=None, cos=cos, sin=sin, mask=mask, query_scale=scale)
+        ctx = ForwardContext(
+            cache=None,
+            cos=cos,
+            sin=sin,
+            mask=mask,
+            query_scale=scale,
+            adapter_rows=adapter_rows,
+            prefix=prefix,
+            capture=capture,
+        )
         return self.network.body(input_ids, ctx, None)
 
     def logits(
