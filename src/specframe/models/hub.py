@@ -24,6 +24,7 @@ MODEL_PATTERNS = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
+    "chat_template.jinja",
     "model.safetensors",
     "model-*.safetensors",
     "model.safetensors.index.json",

@@ -1,0 +1,294 @@
+"""Reading a GGUF file (llama.cpp's format) into a :class:`~specframe.convert.source.SourceModel`.
+
+The tensors are dequantized with the ``gguf`` package (F32, F16, BF16 and the common block quantizations:
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K). llama.cpp stores the query and key rows of its ``llama``
+architecture permuted for its interleaved RoPE; they are permuted back to transformers' half-split layout.
+The tokenizer (a byte-level BPE vocabulary with merges and a pre-tokenizer name) is rebuilt as a
+``tokenizer.json``; the chat template is kept.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from specframe.convert.source import SourceModel
+from specframe.errors import CheckpointError, ConfigError
+
+#: GGUF architecture name -> transformers class. (Qwen2 carries q/k/v biases, which the networks lack.)
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+#: GGUF per-layer tensor names -> transformers names.
+LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_IGNORED = re.compile(r"^(rope_freqs\.weight|blk\.\d+\.attn_rot_embd)$")
+
+# Byte-level BPE pre-tokenizers by GGUF ``tokenizer.ggml.pre`` (the regular expressions are the published
+# tokenizers' own).
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def _byte_level(use_regex: bool) -> dict[str, Any]:
+    return {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": use_regex}
+
+
+def _split(pattern: str) -> dict[str, Any]:
+    return {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+
+
+PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
+    "gpt2": _byte_level(True),
+    "default": _byte_level(True),
+    "smollm": {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": True}, _byte_level(True)]},
+    "starcoder": {
+        "type": "Sequence",
+        "pretokenizers": [{"type": "Digits", "individual_digits": True}, _byte_level(True)],
+    },
+    "llama-bpe": {"type": "Sequence", "pretokenizers": [_split(_LLAMA3_SPLIT), _byte_level(False)]},
+    "qwen2": {"type": "Sequence", "pretokenizers": [_split(_QWEN2_SPLIT), _byte_level(False)]},
+}
+_IGNORE_MERGES = {"llama-bpe"}
+_CONTROL, _USER_DEFINED = 3, 4
+
+
+def read_gguf(path: Path) -> SourceModel:
+    """Read ``path`` (a ``.gguf`` file).
+
+    Raises:
+        CheckpointError: If the file is not a readable GGUF model, or its architecture, a tensor's
+            quantization or its tokenizer is not supported (each named).
+    """
+    try:
+        import gguf
+    except ImportError as exc:  # pragma: no cover - an install problem
+        raise ConfigError("reading GGUF files needs the 'gguf' package: pip install 'specframe[convert]'") from exc
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises ValueError, struct errors, IndexError on damaged files
+        raise CheckpointError(
+            f"{path}: not a readable GGUF file ({type(exc).__name__}: {exc}); is it complete?"
+        ) from exc
+    fields = _Fields(reader, path)
+    arch = fields.get("general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        hint = (
+            " (Qwen2's attention has q/k/v biases, which specframe's networks do not have)" if arch == "qwen2" else ""
+        )
+        raise CheckpointError(
+            f"{path}: GGUF architecture {arch!r} is not supported{hint}; supported: {', '.join(GGUF_ARCHITECTURES)}"
+        )
+    config = _config(fields, arch)
+    tensors, tied = _tensors(reader, path, arch, config, gguf)
+    config["tie_word_embeddings"] = tied
+    tokenizer, control = _tokenizer(fields)
+    config["vocab_size"] = max(config["vocab_size"], len(fields.get("tokenizer.ggml.tokens")))
+    special = {
+        name: fields.get(f"tokenizer.ggml.{key}", None)
+        for name, key in (
+            ("bos_token_id", "bos_token_id"),
+            ("eos_token_id", "eos_token_id"),
+            ("pad_token_id", "padding_token_id"),
+            ("unk_token_id", "unknown_token_id"),
+        )
+    }
+    return SourceModel(
+        architecture=GGUF_ARCHITECTURES[arch],
+        config=config,
+        tensors=tensors,
+        tokenizer_json=tokenizer,
+        chat_template=fields.get("tokenizer.chat_template", None),
+        special={k: int(v) for k, v in special.items() if v is not None},
+        control_tokens=control,
+        description=f"{path.name} ({fields.get('general.name', arch)})",
+    )
+
+
+class _Fields:
+    """The GGUF metadata fields, decoded, with errors that name the file and the field."""
+
+    _MISSING = object()
+
+    def __init__(self, reader: Any, path: Path) -> None:
+        self.reader, self.path = reader, path
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        field = self.reader.fields.get(key)
+        if field is None:
+            if default is self._MISSING:
+                raise CheckpointError(f"{self.path}: the GGUF metadata has no {key!r}; the file is incomplete")
+            return default
+        try:
+            return field.contents()
+        except Exception as exc:
+            raise CheckpointError(f"{self.path}: cannot read GGUF field {key!r} ({exc})") from exc
+
+
+def _config(fields: _Fields, arch: str) -> dict[str, Any]:
+    hidden = int(fields.get(f"{arch}.embedding_length"))
+    heads = int(fields.get(f"{arch}.attention.head_count"))
+    scaling = fields.get(f"{arch}.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise CheckpointError(
+            f"{fields.path}: RoPE scaling {scaling!r} is not supported by the conversion (plain RoPE only)"
+        )
+    config = {
+        "hidden_size": hidden,
+        "num_hidden_layers": int(fields.get(f"{arch}.block_count")),
+        "intermediate_size": int(fields.get(f"{arch}.feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(fields.get(f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(fields.get(f"{arch}.attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(fields.get(f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(fields.get(f"{arch}.context_length")),
+        "vocab_size": int(fields.get(f"{arch}.vocab_size", 0)),
+        "hidden_act": "silu",
+        "attention_bias": False,
+    }
+    return config
+
+
+def _tensors(
+    reader: Any, path: Path, arch: str, config: dict[str, Any], gguf: Any
+) -> tuple[dict[str, Callable[[], torch.Tensor]], bool]:
+    loaders: dict[str, Callable[[], torch.Tensor]] = {}
+    unknown = []
+    for tensor in reader.tensors:
+        name = tensor.name
+        if _IGNORED.match(name):
+            continue
+        target = TOP_NAMES.get(name)
+        match = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
+        if match and match.group(2) in LAYER_NAMES:
+            target = f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
+        if target is None:
+            unknown.append(name)
+            continue
+        heads = None
+        if arch in ("llama", "mistral") and target.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config["num_attention_heads"] if "q_proj" in target else config["num_key_value_heads"]
+        loaders[target] = _loader(tensor, path, heads, gguf)
+    if unknown:
+        raise CheckpointError(f"{path}: unexpected tensor(s) for a {arch} model: {', '.join(unknown[:8])}")
+    tied = "lm_head.weight" not in loaders
+    return loaders, tied
+
+
+def _loader(tensor: Any, path: Path, heads: int | None, gguf: Any) -> Callable[[], torch.Tensor]:
+    qtype = tensor.tensor_type
+    kind = getattr(qtype, "name", str(qtype))
+
+    def load() -> torch.Tensor:
+        try:
+            if kind in ("F32", "F16"):
+                values = np.asarray(tensor.data, dtype=np.float32)
+            else:
+                values = gguf.quants.dequantize(tensor.data, qtype)
+        except NotImplementedError as exc:
+            raise CheckpointError(
+                f"{path}: tensor {tensor.name} is quantized as {kind}, which the gguf package cannot dequantize; "
+                "convert from a GGUF with F16, Q8_0, Q4_0, Q4_1, Q5_*, or Q2_K..Q6_K tensors"
+            ) from exc
+        shape = tuple(int(n) for n in reversed(list(tensor.shape)))  # GGUF lists the fastest dimension first
+        try:
+            values = np.ascontiguousarray(values).reshape(shape)
+        except ValueError as exc:
+            raise CheckpointError(f"{path}: tensor {tensor.name} holds {values.size} values, not {shape}") from exc
+        weight = torch.from_numpy(np.array(values, dtype=np.float32))  # a writable copy
+        if heads is not None:
+            weight = unpermute_rope_rows(weight, heads)
+        return weight
+
+    return load
+
+
+def unpermute_rope_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """Undo llama.cpp's interleaving of each head's query/key rows (back to transformers' half-split RoPE)."""
+    out, inner = weight.shape
+    half = out // heads // 2
+    return weight.reshape(heads, half, 2, inner).transpose(1, 2).reshape(out, inner).contiguous()
+
+
+def _tokenizer(fields: _Fields) -> tuple[dict[str, Any], list[int]]:
+    model = fields.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise CheckpointError(
+            f"{fields.path}: tokenizer model {model!r} is not supported (byte-level BPE, 'gpt2', only); convert "
+            "the model from its transformers checkpoint instead, which carries a tokenizer.json"
+        )
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise CheckpointError(
+            f"{fields.path}: pre-tokenizer {pre!r} is not known to the conversion (known: "
+            f"{', '.join(PRE_TOKENIZERS)}); convert the model from its transformers checkpoint instead"
+        )
+    tokens = [str(t) for t in fields.get("tokenizer.ggml.tokens")]
+    types = list(fields.get("tokenizer.ggml.token_type", [1] * len(tokens)))
+    merges = [str(m) for m in fields.get("tokenizer.ggml.merges")]
+    vocab = {token: index for index, token in enumerate(tokens)}
+    if len(vocab) != len(tokens):
+        raise CheckpointError(f"{fields.path}: the GGUF vocabulary repeats tokens; the file is damaged")
+    added = [
+        {
+            "id": index,
+            "content": tokens[index],
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": kind == _CONTROL,
+        }
+        for index, kind in enumerate(types)
+        if kind in (_CONTROL, _USER_DEFINED)
+    ]
+    document = {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": PRE_TOKENIZERS[pre],
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": pre in _IGNORE_MERGES,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }
+    control = [index for index, kind in enumerate(types) if kind == _CONTROL]
+    return document, control

@@ -1,0 +1,124 @@
+"""Reading a transformers checkpoint (a local folder or a Hub repo id) into a ``SourceModel``.
+
+Supported: ``LlamaForCausalLM``, ``MistralForCausalLM`` and ``Qwen3ForCausalLM`` with safetensors weights (one
+file or shards with an index), a ``tokenizer.json``, and the chat template from ``chat_template.jinja`` or
+``tokenizer_config.json``. RoPE scaling and attention biases are refused (the networks have neither); a
+Mistral sliding window caps the converted model's context at the window, where full attention is the same.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from specframe.convert.source import ARCHITECTURES, SourceModel
+from specframe.errors import CheckpointError
+from specframe.models.chat import read_chat_template
+from specframe.models.config_json import read_json
+from specframe.models.weights import open_weights
+
+
+def read_transformers(source: str | Path, *, revision: str | None = None) -> SourceModel:
+    """Read a transformers checkpoint folder, or download a Hub repo id's files first.
+
+    Raises:
+        CheckpointError: For a missing folder or file, an unsupported architecture or setting (each named).
+    """
+    from specframe.models.hub import resolve_source
+
+    if Path(source).expanduser().is_file():
+        raise CheckpointError(f"{source} is a file: give a .gguf file or a transformers checkpoint folder")
+    folder = resolve_source(source, revision=revision)
+    where = str(folder / "config.json")
+    raw = read_json(folder / "config.json", "model config")
+    architecture = (raw.get("architectures") or [None])[0]
+    if architecture not in ARCHITECTURES:
+        raise CheckpointError(
+            f"{where}: architecture {architecture!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
+        )
+    config = _network_config(raw, architecture, where)
+    if not (folder / "model.safetensors").is_file() and not (folder / "model.safetensors.index.json").is_file():
+        raise CheckpointError(f"{folder}: no safetensors weights (model.safetensors or an index of shards)")
+    tensors = _tensor_loaders(folder, raw, where)
+    config["tie_word_embeddings"] = "lm_head.weight" not in tensors
+    tokenizer_path = folder / "tokenizer.json"
+    if not tokenizer_path.is_file():
+        raise CheckpointError(f"{folder}: no tokenizer.json; the converted model needs the source's tokenizer")
+    try:
+        tokenizer = json.loads(tokenizer_path.read_text(encoding="utf-8"))
+        added = tokenizer.get("added_tokens", [])
+        tokenizer["model"]["vocab"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{tokenizer_path} is not a tokenizer.json document ({exc})") from exc
+    special = {}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = raw.get(key)
+        if isinstance(value, list):
+            value = value[0] if value else None
+        if isinstance(value, int) and not isinstance(value, bool):
+            special[key] = value
+    return SourceModel(
+        architecture=architecture,
+        config=config,
+        tensors=tensors,
+        tokenizer_json=tokenizer,
+        chat_template=read_chat_template(folder),
+        special=special,
+        control_tokens=[int(a["id"]) for a in added if a.get("special")],
+        description=str(source),
+    )
+
+
+def _network_config(raw: dict[str, Any], architecture: str, where: str) -> dict[str, Any]:
+    problems = []
+    scaling = raw.get("rope_scaling") or raw.get("rope_parameters") or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
+    if kind != "default":
+        problems.append(f"RoPE scaling {kind!r} (only plain RoPE converts)")
+    if raw.get("attention_bias") or raw.get("mlp_bias"):
+        problems.append("attention or MLP biases (the networks have none)")
+    if raw.get("hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act {raw.get('hidden_act')!r} (SwiGLU with SiLU only)")
+    missing = [
+        k
+        for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "vocab_size")
+        if not isinstance(raw.get(k), int)
+    ]
+    if missing:
+        problems.append("missing " + ", ".join(missing))
+    if problems:
+        raise CheckpointError(f"{where}: cannot convert: {'; '.join(problems)}")
+    heads = raw["num_attention_heads"]
+    theta = raw.get("rope_theta", scaling.get("rope_theta", 10000.0) if isinstance(scaling, dict) else 10000.0)
+    positions = int(raw.get("max_position_embeddings", 4096))
+    window = raw.get("sliding_window")
+    if architecture == "MistralForCausalLM" and isinstance(window, int) and 0 < window < positions:
+        positions = window  # within the window, sliding-window attention is full attention
+    return {
+        "hidden_size": raw["hidden_size"],
+        "num_hidden_layers": raw["num_hidden_layers"],
+        "intermediate_size": raw["intermediate_size"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(raw.get("num_key_value_heads") or heads),
+        "head_dim": int(raw.get("head_dim") or raw["hidden_size"] // heads),
+        "rms_norm_eps": float(raw.get("rms_norm_eps", 1e-6)),
+        "rope_theta": float(theta),
+        "max_position_embeddings": positions,
+        "vocab_size": raw["vocab_size"],
+    }
+
+
+def _tensor_loaders(folder: Path, raw: dict[str, Any], where: str) -> dict[str, Any]:
+    source = open_weights(folder, stem="model")
+    names = [n for n in source.names() if not n.endswith("rotary_emb.inv_freq")]
+    unexpected = [n for n in names if not (n.startswith("model.") or n == "lm_head.weight")]
+    if unexpected:
+        raise CheckpointError(f"{where}: unexpected tensor(s) {', '.join(unexpected[:8])}")
+    if raw.get("tie_word_embeddings") and "lm_head.weight" in names:
+        names.remove("lm_head.weight")  # tied: the embedding is the output layer
+
+    def loader(name: str):
+        return lambda: source.load(name).float()
+
+    return {name: loader(name) for name in names}

@@ -1,0 +1,53 @@
+"""What a converter reads out of an AR checkpoint, whatever its format."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+#: Architectures a source may have, by transformers' class name, and the family each becomes.
+ARCHITECTURES = {
+    "LlamaForCausalLM": "nemotron-labs-diffusion",
+    "MistralForCausalLM": "nemotron-labs-diffusion",
+    "Qwen3ForCausalLM": "setdlm",
+}
+
+
+@dataclass
+class SourceModel:
+    """An AR checkpoint read into transformers' names and conventions.
+
+    Attributes:
+        architecture: transformers' class name (a key of :data:`ARCHITECTURES`).
+        config: The transformers ``config.json`` fields that describe the network (sizes, RoPE, norms).
+        tensors: ``{transformers tensor name: loader}``; each loader returns the float tensor in the
+            ``[out, in]`` orientation transformers uses (dequantized, un-permuted). Names follow
+            ``model.layers.{i}.self_attn.q_proj.weight`` etc.; ``lm_head.weight`` is absent when tied.
+        tokenizer_json: The tokenizer as a ``tokenizer.json`` document (a dict).
+        chat_template: The Jinja chat template, if the source has one.
+        special: ``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``unk_token_id`` where known.
+        control_tokens: Ids of control (special) tokens, candidates for the mask token.
+        description: Where the model came from, for messages and the written metadata.
+    """
+
+    architecture: str
+    config: dict[str, Any]
+    tensors: dict[str, Callable[[], torch.Tensor]]
+    tokenizer_json: dict[str, Any]
+    chat_template: str | None = None
+    special: dict[str, Any] = field(default_factory=dict)
+    control_tokens: list[int] = field(default_factory=list)
+    description: str = ""
+
+    @property
+    def family(self) -> str:
+        """The specframe family this architecture converts to."""
+        return ARCHITECTURES[self.architecture]
+
+    def load(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every tensor, one at a time, in name order."""
+        for name in self.tensors:
+            yield name, self.tensors[name]()
