@@ -1,0 +1,524 @@
+"""Training a drafter for a converted AR model: a proposal-only LoRA, on the model's own greedy text.
+
+A model converted from an AR checkpoint (``specframe convert``) verifies exactly as the source model, but its
+diffusion mode (MASK rows predicting their own position) was never trained. This module trains the
+proposal-only LoRA on ``o_proj`` (the PEFT layout that :mod:`specframe.models.lora` loads; the adapter runs
+on drafting rows only, so verification, and so every schedule's output, stays the base model's) with the
+base frozen:
+
+1. **Self-distilled data.** The base model continues a prompt set the project writes
+   (:mod:`specframe.training.prompts`) greedily, in batches with a key/value prefix. Greedy verification
+   accepts a draft token exactly when it equals the base model's argmax, so these continuations are what the
+   drafter must learn to propose.
+2. **Drafting blocks.** Each step takes windows ``[prompt | continuation]``; the clean rows run once without
+   gradients (their keys and values are captured per layer), then drafting blocks laid out as at inference
+   (``[last token, MASK x W]`` at a random point of the continuation, sometimes seedless ``MASK x (W + 1)``)
+   attend to the clean rows before them and bidirectionally within the block, with the adapter on. A masked
+   row's loss is the cross-entropy against the base model's token at its position.
+3. **Evaluation** on held-out continuations: the top-1 agreement of the drafter with the base model by offset
+   after the seed (offset 1 is the token right after the last accepted one), which bounds the acceptance
+   rate of a draft at that offset.
+
+A run lives in a work folder (``data.pt``, ``state.pt``, ``log.jsonl``, ``summary.json``, ``curves.png``,
+``adapter/``) and resumes from its last saved state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from specframe.errors import ConfigError
+from specframe.models.layers import LowRankUpdate
+from specframe.models.transformer import DecoderNetwork
+from specframe.training.forward import TrainingForward
+
+ADAPTER_FOLDER = "adapter"
+#: Settings a resumed run may change (how long it runs and how often it reports).
+_MAY_CHANGE = frozenset({"steps", "eval_every", "save_every"})
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Settings of a drafter training run.
+
+    Attributes:
+        prompts: Training prompts continued by the base model.
+        held_out: Of those, prompts kept for evaluation only.
+        new_tokens: Greedy tokens generated per prompt.
+        max_prompt_tokens: Longest prompt kept (longer ones are skipped).
+        rank: LoRA rank.
+        alpha: LoRA alpha (the update is scaled by ``alpha / rank``).
+        steps: Optimizer steps.
+        batch_size: Windows per step.
+        blocks: Drafting blocks per window.
+        max_width: Largest draft width W of a block (``W + 1`` rows with its seed).
+        seedless_prob: Chance a block has no seed (the first call's layout).
+        lr: Peak AdamW learning rate (linear warm-up, cosine decay to a tenth).
+        warmup: Warm-up steps.
+        eval_every: Steps between evaluations.
+        save_every: Steps between saved states.
+        gen_batch: Prompts generated at once.
+        seed: Seed of the prompt choice, initialisation and block sampling.
+        bf16: Run matrix products in bfloat16 autocast (weights and optimizer stay float32).
+    """
+
+    prompts: int = 640
+    held_out: int = 48
+    new_tokens: int = 128
+    max_prompt_tokens: int = 192
+    rank: int = 64
+    alpha: float = 128.0
+    steps: int = 600
+    batch_size: int = 4
+    blocks: int = 32
+    max_width: int = 8
+    seedless_prob: float = 0.1
+    lr: float = 1e-3
+    warmup: int = 20
+    eval_every: int = 50
+    save_every: int = 25
+    gen_batch: int = 32
+    seed: int = 0
+    bf16: bool = True
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"drafter setting {f.name} must be an integer, got {value!r}")
+        positive = (
+            "prompts",
+            "new_tokens",
+            "max_prompt_tokens",
+            "rank",
+            "steps",
+            "batch_size",
+            "blocks",
+            "max_width",
+            "eval_every",
+            "save_every",
+            "gen_batch",
+        )
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"drafter setting {name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.held_out < self.prompts:
+            raise ConfigError(f"held_out must be in [0, prompts), got {self.held_out}")
+        if not (self.lr > 0 and self.alpha > 0):
+            raise ConfigError("lr and alpha must be > 0")
+        if not 0 <= self.seedless_prob <= 1:
+            raise ConfigError(f"seedless_prob must be in [0, 1], got {self.seedless_prob}")
+
+
+# -- self-distilled data ------------------------------------------------------------------------------------
+@torch.no_grad()
+def batched_greedy(
+    forward: TrainingForward, prompts: list[list[int]], new_tokens: int, eos: set[int], autocast: bool
+) -> list[list[int]]:
+    """Greedy continuations of ``prompts`` (each up to ``new_tokens`` tokens, ending at an EOS), batched.
+
+    The prompts are left-padded; padding rows are seen by no row. Each step runs one row per sequence over the
+    keys and values captured so far.
+    """
+    size, longest = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(size, longest, dtype=torch.long)
+    valid = torch.zeros(size, longest, dtype=torch.bool)
+    for b, prompt in enumerate(prompts):
+        ids[b, longest - len(prompt) :] = torch.tensor(prompt)
+        valid[b, longest - len(prompt) :] = True
+    positions = (valid.cumsum(1) - 1).clamp(min=0)
+    eye = torch.eye(longest, dtype=torch.bool)
+    mask = (torch.ones(longest, longest, dtype=torch.bool).tril() & valid[:, None, :]) | eye
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        capture: list[tuple[torch.Tensor, torch.Tensor]] = []
+        hidden = forward.hidden(ids, positions, mask, capture=capture)
+        following = forward.network.logits(hidden[:, -1]).float().argmax(-1)
+        prefix, seen = capture, valid
+        lengths = torch.tensor([len(p) for p in prompts])
+        outputs = [[] for _ in prompts]
+        done = torch.zeros(size, dtype=torch.bool)
+        for step in range(new_tokens):
+            for b in range(size):
+                if not done[b]:
+                    outputs[b].append(int(following[b]))
+                    done[b] = int(following[b]) in eos
+            if bool(done.all()) or step == new_tokens - 1:
+                break
+            seen = torch.cat([seen, torch.ones(size, 1, dtype=torch.bool)], dim=1)
+            capture = []
+            hidden = forward.hidden(
+                following[:, None], (lengths + step)[:, None], seen[:, None, :], prefix=prefix, capture=capture
+            )
+            prefix = capture  # the keys and values of the prefix and this row
+            following = forward.network.logits(hidden[:, -1]).float().argmax(-1)
+    return outputs
+
+
+# -- drafting blocks ----------------------------------------------------------------------------------------
+@dataclass
+class BlockBatch:
+    """Clean windows and the drafting blocks laid over them, as two row sets.
+
+    Attributes:
+        clean: ``[B, L]`` token ids (right-padded).
+        clean_mask: ``[B, L, L]`` causal mask over real tokens.
+        query: ``[B, Q]`` block rows (seed token or MASK).
+        query_positions: ``[B, Q]`` their positions.
+        query_mask: ``[B, Q, L + Q]`` what each block row sees: clean rows before its block, its own block.
+        targets: ``[B, Q]`` the base model's token at a masked row's position, -100 elsewhere.
+        offsets: ``[B, Q]`` a masked row's distance from its block's seed (0 for a seedless block's first).
+    """
+
+    clean: torch.Tensor
+    clean_mask: torch.Tensor
+    query: torch.Tensor
+    query_positions: torch.Tensor
+    query_mask: torch.Tensor
+    targets: torch.Tensor
+    offsets: torch.Tensor
+
+
+def block_batch(
+    windows: list[tuple[list[int], int]], config: DrafterConfig, mask_id: int, generator: torch.Generator
+) -> BlockBatch:
+    """Lay ``config.blocks`` drafting blocks over each ``(tokens, prompt_length)`` window's continuation."""
+    size = len(windows)
+    longest = max(len(tokens) for tokens, _ in windows)
+    clean = torch.zeros(size, longest, dtype=torch.long)
+    real = torch.zeros(size, longest, dtype=torch.bool)
+    rows: list[list[tuple[int, int, int, int, int]]] = []  # (input, position, block start, target, offset)
+    for b, (tokens, prompt) in enumerate(windows):
+        clean[b, : len(tokens)] = torch.tensor(tokens)
+        real[b, : len(tokens)] = True
+        mine = []
+        for block in range(config.blocks):
+            seed = int(torch.randint(prompt - 1, len(tokens) - 1, (1,), generator=generator))
+            width = int(torch.randint(1, config.max_width + 1, (1,), generator=generator))
+            width = min(width, len(tokens) - 1 - seed)
+            seedless = float(torch.rand((), generator=generator)) < config.seedless_prob and seed >= prompt
+            mine.append((mask_id if seedless else tokens[seed], seed, block, tokens[seed] if seedless else -100, 0))
+            for offset in range(1, width + 1):
+                mine.append((mask_id, seed + offset, block, tokens[seed + offset], offset))
+        rows.append(mine)
+    length = max(len(r) for r in rows)
+    query = torch.full((size, length), mask_id, dtype=torch.long)
+    positions = torch.zeros(size, length, dtype=torch.long)
+    targets = torch.full((size, length), -100, dtype=torch.long)
+    offsets = torch.zeros(size, length, dtype=torch.long)
+    starts = torch.zeros(size, length, dtype=torch.long)
+    blocks = torch.full((size, length), -1, dtype=torch.long)
+    for b, mine in enumerate(rows):
+        for r, (token, position, block, target, offset) in enumerate(mine):
+            query[b, r], positions[b, r], targets[b, r], offsets[b, r] = token, position, target, offset
+            blocks[b, r] = block
+        starts[b, : len(mine)] = torch.tensor([m[1] - m[4] for m in mine])
+    columns = torch.arange(longest)
+    sees_clean = (columns[None, None, :] < starts[:, :, None]) & real[:, None, :]
+    within = (blocks[:, :, None] == blocks[:, None, :]) & (blocks[:, :, None] >= 0)
+    within |= torch.eye(length, dtype=torch.bool)[None]  # padding rows see themselves only
+    causal = torch.ones(longest, longest, dtype=torch.bool).tril()
+    clean_mask = (causal[None] & real[:, None, :]) | torch.eye(longest, dtype=torch.bool)[None]
+    return BlockBatch(
+        clean=clean,
+        clean_mask=clean_mask,
+        query=query,
+        query_positions=positions,
+        query_mask=torch.cat([sees_clean, within], dim=2),
+        targets=targets,
+        offsets=offsets,
+    )
+
+
+def block_logits(forward: TrainingForward, batch: BlockBatch, autocast: bool) -> torch.Tensor:
+    """Logits ``[N, vocab]`` of the masked block rows (those with a target), the adapter on block rows."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        capture: list[tuple[torch.Tensor, torch.Tensor]] = []
+        with torch.no_grad():
+            positions = torch.arange(batch.clean.shape[1]).expand_as(batch.clean)
+            forward.hidden(batch.clean, positions, batch.clean_mask, capture=capture)
+        hidden = forward.hidden(
+            batch.query,
+            batch.query_positions,
+            batch.query_mask,
+            adapter_rows=torch.ones_like(batch.query, dtype=torch.bool),
+            prefix=[(k.detach(), v.detach()) for k, v in capture],
+        )
+        return forward.network.logits(hidden[batch.targets != -100]).float()
+
+
+# -- the adapter --------------------------------------------------------------------------------------------
+def attach_trainable_lora(network: DecoderNetwork, rank: int, alpha: float, generator: torch.Generator) -> list:
+    """Give every attention ``o_proj`` a fresh trainable LoRA (A random, B zero) and freeze everything else."""
+    for parameter in network.parameters():
+        parameter.requires_grad_(False)
+    trainable = []
+    for layer in network.body.layers:
+        attn = layer.self_attn
+        update = LowRankUpdate(attn.o_proj.in_features, attn.o_proj.out_features, rank, alpha / rank)
+        bound = 1 / math.sqrt(attn.o_proj.in_features)
+        with torch.no_grad():
+            update.lora_A.uniform_(-bound, bound, generator=generator)
+        attn.o_lora = update
+        trainable += [update.lora_A, update.lora_B]
+    return trainable
+
+
+def write_adapter(network: DecoderNetwork, folder: Path, config: DrafterConfig, base: str) -> None:
+    """Save the LoRA in the PEFT layout that :func:`specframe.models.lora.attach_lora` reads (bfloat16)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for index, layer in enumerate(network.body.layers):
+        update = layer.self_attn.o_lora
+        stem = f"base_model.model.encoder.layers.{index}.self_attn.o_proj"
+        tensors[f"{stem}.lora_A.weight"] = update.lora_A.detach().to(torch.bfloat16).contiguous()
+        tensors[f"{stem}.lora_B.weight"] = update.lora_B.detach().to(torch.bfloat16).contiguous()
+    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
+    settings = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": config.rank,
+        "lora_alpha": config.alpha,
+        "target_modules": ["o_proj"],
+        "bias": "none",
+        "lora_dropout": 0.0,
+        "base_model_name_or_path": base,
+    }
+    (folder / "adapter_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
+
+
+# -- evaluation ---------------------------------------------------------------------------------------------
+@torch.no_grad()
+def offset_agreement(
+    forward: TrainingForward, windows: list[tuple[list[int], int]], config: DrafterConfig, mask_id: int
+) -> dict[str, Any]:
+    """Held-out loss and top-1 agreement with the base model by draft offset (fixed blocks, seed 1234)."""
+    generator = torch.Generator().manual_seed(1234)
+    hits = torch.zeros(config.max_width + 1)
+    counts = torch.zeros(config.max_width + 1)
+    losses = []
+    for start in range(0, len(windows), config.batch_size):
+        batch = block_batch(windows[start : start + config.batch_size], config, mask_id, generator)
+        logits = block_logits(forward, batch, config.bf16)
+        rows = batch.targets != -100
+        targets, offsets = batch.targets[rows], batch.offsets[rows]
+        losses.append(float(F.cross_entropy(logits, targets)))
+        right = (logits.argmax(-1) == targets).float()
+        hits.index_add_(0, offsets, right)
+        counts.index_add_(0, offsets, torch.ones_like(right))
+    agreement = {str(k): round(float(hits[k] / counts[k]), 4) for k in range(1, config.max_width + 1) if counts[k]}
+    return {"loss": round(sum(losses) / max(len(losses), 1), 4), "agreement": agreement}
+
+
+# -- the run ------------------------------------------------------------------------------------------------
+def train_drafter(
+    model_folder: Path,
+    work: Path,
+    config: DrafterConfig,
+    *,
+    threads: int = 2,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Train (or resume) a drafter for the converted model in ``model_folder``; the adapter lands in ``work``.
+
+    Returns:
+        The run's summary (also written to ``work/summary.json``).
+
+    Raises:
+        ConfigError: If ``work`` holds a run with other settings, or the model is not a Nemotron-layout model.
+    """
+    from specframe.models import load_model
+    from specframe.models.nemotron import FAMILY as NEMOTRON
+
+    torch.set_num_threads(threads)
+    work.mkdir(parents=True, exist_ok=True)
+    settings_path = work / "settings.json"
+    settings = {"model": str(model_folder.resolve()), **asdict(config)}
+    if settings_path.is_file():
+        earlier = json.loads(settings_path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in settings if k not in _MAY_CHANGE and earlier.get(k) != settings[k])
+        if changed:
+            raise ConfigError(
+                f"{work} holds a drafter run with other settings ({', '.join(changed)}); use a new --work-dir"
+            )
+    settings_path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
+    model = load_model(model_folder, dtype="float32")
+    if model.family != NEMOTRON:
+        raise ConfigError(f"drafter training supports {NEMOTRON} models (converted Llama/Mistral), not {model.family}")
+    network: DecoderNetwork = model.network
+    forward = TrainingForward(network)
+    mask_id = model.mask_token_id
+    data = _self_distilled_data(model, model_folder, forward, config, work / "data.pt", log)
+    train_windows, held_out = data["train"], data["held_out"]
+    generator = torch.Generator().manual_seed(config.seed)
+    trainable = attach_trainable_lora(network, config.rank, config.alpha, generator)
+    optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=0.0)
+    step, wall = 0, 0.0
+    state_path = work / "state.pt"
+    if state_path.is_file():
+        state = torch.load(state_path, weights_only=False)
+        with torch.no_grad():
+            for parameter, saved in zip(trainable, state["adapter"], strict=True):
+                parameter.copy_(saved)
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        step, wall = state["step"], state["wall"]
+        log(f"resumed at step {step}")
+    log_file = (work / "log.jsonl").open("a", encoding="utf-8")
+    if step == 0:
+        _record(log_file, {"step": 0, **offset_agreement(forward, held_out, config, mask_id)}, log)
+    order = torch.randperm(len(train_windows), generator=generator).tolist()
+    started = time.perf_counter() - wall
+    while step < config.steps:
+        chosen = [train_windows[order[(step * config.batch_size + i) % len(order)]] for i in range(config.batch_size)]
+        for group in optimizer.param_groups:
+            group["lr"] = _learning_rate(config, step)
+        batch = block_batch(chosen, config, mask_id, generator)
+        logits = block_logits(forward, batch, config.bf16)
+        loss = F.cross_entropy(logits, batch.targets[batch.targets != -100])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        optimizer.step()
+        step += 1
+        elapsed = time.perf_counter() - started
+        _progress(step, config.steps, float(loss.detach()), elapsed)
+        if step % config.eval_every == 0 or step == config.steps:
+            _record(
+                log_file,
+                {
+                    "step": step,
+                    "train_loss": round(float(loss), 4),
+                    "wall_s": round(elapsed, 1),
+                    **offset_agreement(forward, held_out, config, mask_id),
+                },
+                log,
+            )
+            _plot(work)
+        if step % config.save_every == 0 or step == config.steps:
+            state = {
+                "adapter": [p.detach().clone() for p in trainable],
+                "optimizer": optimizer.state_dict(),
+                "generator": generator.get_state(),
+                "step": step,
+                "wall": elapsed,
+            }
+            torch.save(state, work / "state.pt.tmp")
+            (work / "state.pt.tmp").replace(state_path)
+    log_file.close()
+    write_adapter(network, work / ADAPTER_FOLDER, config, str(model_folder))
+    final = [json.loads(line) for line in (work / "log.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    summary = {
+        "model": str(model_folder),
+        "steps": step,
+        "wall_s": round(time.perf_counter() - started, 1),
+        "train_sequences": len(train_windows),
+        "held_out_sequences": len(held_out),
+        "first": final[0],
+        "last": final[-1],
+        "config": asdict(config),
+    }
+    (work / "summary.json").write_text(json.dumps(summary, indent=2), encoding="utf-8")
+    return summary
+
+
+def _self_distilled_data(
+    model: Any, folder: Path, forward: TrainingForward, config: DrafterConfig, path: Path, log: Callable[[str], None]
+) -> dict[str, list[tuple[list[int], int]]]:
+    if path.is_file():
+        return torch.load(path, weights_only=False)
+    from specframe.models.chat import read_chat_template, render_chat
+    from specframe.training.prompts import training_prompts
+
+    tokenizer = model.tokenizer
+    if tokenizer is None:
+        raise ConfigError("the model folder has no tokenizer.json; drafter training needs one")
+    template = read_chat_template(folder)
+    encoded = []
+    for text, is_chat in training_prompts(config.prompts, seed=config.seed):
+        chat = is_chat and template is not None
+        rendered = render_chat(template, [{"role": "user", "content": text}]) if chat else text
+        ids = tokenizer.encode(rendered)
+        if 0 < len(ids) <= config.max_prompt_tokens:
+            encoded.append(ids)
+    eos = set(model.eos_token_ids)
+    sequences = []
+    started = time.perf_counter()
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))  # similar lengths pad little
+    for start in range(0, len(order), config.gen_batch):
+        chunk = [encoded[i] for i in order[start : start + config.gen_batch]]
+        for prompt, continuation in zip(
+            chunk, batched_greedy(forward, chunk, config.new_tokens, eos, config.bf16), strict=True
+        ):
+            if len(continuation) >= 2:
+                sequences.append((prompt + continuation, len(prompt)))
+        elapsed = time.perf_counter() - started
+        done = min(start + config.gen_batch, len(order))
+        log(
+            f"self-distilled data: {done}/{len(order)} prompts, {elapsed:.0f} s, "
+            f"ETA {elapsed / done * (len(order) - done):.0f} s"
+        )
+    shuffle = torch.randperm(len(sequences), generator=torch.Generator().manual_seed(config.seed)).tolist()
+    sequences = [sequences[i] for i in shuffle]
+    data = {"held_out": sequences[: config.held_out], "train": sequences[config.held_out :]}
+    torch.save(data, path)
+    return data
+
+
+def _learning_rate(config: DrafterConfig, step: int) -> float:
+    if step < config.warmup:
+        return config.lr * (step + 1) / config.warmup
+    progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+    return config.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def _record(file, entry: dict[str, Any], log: Callable[[str], None]) -> None:
+    file.write(json.dumps(entry) + "\n")
+    file.flush()
+    log(json.dumps(entry))
+
+
+def _progress(step: int, total: int, loss: float, elapsed: float) -> None:
+    eta = elapsed / step * (total - step)
+    line = f"step {step}/{total}  loss {loss:.3f}  {elapsed / step:.2f} s/step  ETA {eta / 60:.1f} min"
+    if sys.stderr.isatty():
+        print("\r" + line, end="" if step < total else "\n", file=sys.stderr, flush=True)
+    elif step % 10 == 0 or step == total:
+        print(line, file=sys.stderr, flush=True)
+
+
+def _plot(work: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    entries = [json.loads(line) for line in (work / "log.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    steps = [e["step"] for e in entries]
+    figure, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    left.plot(steps, [e["loss"] for e in entries], marker="o", label="held-out")
+    trained = [e for e in entries if "train_loss" in e]
+    left.plot([e["step"] for e in trained], [e["train_loss"] for e in trained], marker=".", label="train (one step)")
+    left.set_xlabel("step")
+    left.set_ylabel("drafting loss")
+    left.legend()
+    for offset in sorted({k for e in entries for k in e["agreement"]}, key=int):
+        right.plot(steps, [e["agreement"].get(offset) for e in entries], marker=".", label=f"offset {offset}")
+    right.set_xlabel("step")
+    right.set_ylabel("top-1 agreement with the base model")
+    right.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(work / "curves.png", dpi=110)
+    plt.close(figure)
