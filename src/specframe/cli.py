@@ -31,12 +31,18 @@ EXTERNAL_COMMANDS = {
     "bench": "specframe.bench.cli",
     "train": "specframe.training.cli",
     "calibrate": "specframe.choice.cli",
+    "convert": "specframe.convert.cli",
+    "train-drafter": "specframe.training.drafter_cli",
+    "pull": "specframe.convert.pull_cli",
 }
 # What `specframe --help` says about them without importing them.
 EXTERNAL_HELP = {
     "bench": "compare schedules on a task's prompts (speed, accuracy, acceptance, bootstrap intervals)",
     "train": "train one of the small bundled-style models on the Python standard library",
     "calibrate": "measure (or show) this machine's model-call cost model, which width 'auto' uses",
+    "convert": "convert an AR checkpoint (GGUF or transformers Llama/Mistral/Qwen3) into a specframe model folder",
+    "train-drafter": "train the drafter (proposal LoRA) of a converted model on its own greedy text",
+    "pull": "fetch and convert a named real model (e.g. smollm2-135m) for offline use",
 }
 
 
@@ -100,7 +106,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         description="Lossless self-speculative decoding.",
         epilog="`specframe COMMAND --help` lists a command's options.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{plugins,generate,bench,train,calibrate}")
+    sub = parser.add_subparsers(
+        dest="command", metavar="{plugins,generate,bench,train,calibrate,convert,train-drafter,pull}"
+    )
     parser.subcommands = sub.choices  # type: ignore[attr-defined]
     plugins = sub.add_parser("plugins", help="list registered plugins as JSON")
     plugins.add_argument(
@@ -124,6 +132,9 @@ def add_generate_parser(sub: Any) -> None:
     add_decoder_options(gen)
     gen.add_argument("--prompt-ids", help="comma-separated prompt token ids instead of text, e.g. 1,2,3")
     gen.add_argument("--json", action="store_true", help="print one JSON object with text, ids and metrics")
+    gen.add_argument(
+        "--chat", action="store_true", help="send the prompt as a user message in the model's chat template"
+    )
     gen.set_defaults(handler=run_generate)
 
 
@@ -178,7 +189,12 @@ def add_decoder_options(
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
     parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
     parser.add_argument("--revision", help="Hub revision of --model")
-    parser.add_argument("--adapter", action="store_true", help="use the model's proposal-only LoRA adapter")
+    parser.add_argument(
+        "--adapter",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="use (or not) the model's proposal-only LoRA adapter (default: the drafter the checkpoint declares)",
+    )
     parser.add_argument(
         "--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS, else chosen from model size and free cores)"
     )
@@ -346,7 +362,13 @@ def run_generate(args: argparse.Namespace) -> int:
     from specframe.config import compose
 
     prompt, prompt_ids = _read_prompt(args)
+    if args.chat and prompt is None:
+        raise InputError("--chat takes the prompt as text, not --prompt-ids")
     decoder = compose(decoder_config(args))
+    if args.chat:
+        from specframe.models.chat import chat_prompt
+
+        prompt = chat_prompt(decoder.model.tokenizer, prompt)
     if args.json:
         print(json.dumps(decoder.generate(prompt, prompt_ids=prompt_ids).to_dict()))
         return 0

@@ -74,7 +74,9 @@ class DecoderConfig:
         dtype: Model dtype (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``); default float32
             on CPU and the checkpoint's dtype on GPUs.
         revision: Hub revision (branch, tag or commit) when ``model`` is a repo id.
-        adapter: Load and use the model's proposal-only adapter (Nemotron's ``linear_spec_lora``).
+        adapter: Load and use the model's proposal-only adapter (Nemotron's ``linear_spec_lora``): ``True``,
+            ``False``, or ``None`` (the default) for the drafter the checkpoint declares, if any (converted
+            models with a trained drafter declare theirs).
         stop: Stops: strings (generation ends at the output token whose text completes one, whatever tokens
             spell it) or lists of token ids (it ends once all of them are accepted).
         threads: CPU threads for torch (``None``: ``OMP_NUM_THREADS`` if set, else chosen from the model's
@@ -96,7 +98,7 @@ class DecoderConfig:
     device: str | None = None
     dtype: str | None = None
     revision: str | None = None
-    adapter: bool = False
+    adapter: bool | None = None
     stop: Sequence[str | Sequence[int]] = field(default_factory=tuple)
     threads: int | None = None
     compile: bool = False
@@ -155,8 +157,10 @@ class DecoderConfig:
                     f"{', '.join(given)} only apply when specframe loads the model; the given model is already "
                     f"loaded on {self.model.device} as {self.model.dtype} (drop those keys)"
                 )
-        if not isinstance(self.adapter, bool):
-            raise ConfigError(f"adapter must be true or false, got {self.adapter!r}")
+        if self.adapter is not None and not isinstance(self.adapter, bool):
+            raise ConfigError(
+                f"adapter must be true, false or null (the checkpoint's own drafter), got {self.adapter!r}"
+            )
         if self.threads is not None:
             check_threads(self.threads)
         if not isinstance(self.compile, bool):

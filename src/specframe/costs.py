@@ -37,6 +37,7 @@ import torch
 
 from specframe.errors import ConfigError
 from specframe.models.base import ModelBackend
+from specframe.paths import cache_dir
 
 #: Row counts a calibration times (clipped to what the model's context allows): the counts the narrow
 #: candidates use (Packed-SS at W has 2 (W + 1) rows in the bundled family, Quadratic-SS at W = 1 six), so
@@ -220,25 +221,6 @@ def model_key(model: ModelBackend) -> dict[str, Any]:
         "torch": torch.__version__,
         "version": VERSION,
     }
-
-
-def cache_dir() -> Path:
-    """Where cost models are cached (``$SPECFRAME_CACHE_DIR``, else the user cache directory).
-
-    Raises:
-        ConfigError: If ``$SPECFRAME_CACHE_DIR`` names an existing file: nothing could be cached there, and
-            every process would calibrate again without a word.
-    """
-    explicit = os.environ.get("SPECFRAME_CACHE_DIR")
-    if explicit:
-        if Path(explicit).expanduser().is_file():
-            raise ConfigError(
-                f"SPECFRAME_CACHE_DIR={explicit!r} is a file, so cost models cannot be cached there; point it at "
-                "a folder (it is created if missing) or unset it for ~/.cache/specframe"
-            )
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "specframe"
 
 
 def cache_path(key: Mapping[str, Any]) -> Path:

@@ -59,8 +59,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--prompt-template",
-        help="wrap each prompt, e.g. a chat format '<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n' "
-        "(default: raw prompts)",
+        help="'chat' for the model's chat template, or text around each prompt, e.g. "
+        "'<|im_start|>user\\n{prompt}<|im_end|>\\n<|im_start|>assistant\\n' (default: raw prompts)",
     )
     parser.add_argument("--out", help="output folder, required (rerunning with the same folder resumes)")
     parser.add_argument("--limit", type=int, help="only the first N prompts")
@@ -113,7 +113,9 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         revision=args.revision,
         adapter=args.adapter,
         stop=list(config["stop"]),
-        prompt_template=unescape(args.prompt_template, option="--prompt-template") if args.prompt_template else None,
+        prompt_template=unescape(args.prompt_template, option="--prompt-template")
+        if args.prompt_template
+        else task.prompt_template,
         limit=args.limit,
         shard=parse_shard(args.shard) if args.shard else None,
         warmup=args.warmup,
@@ -236,7 +238,7 @@ def equivalent_command(settings: BenchSettings, out: str) -> str:
     for flag, value in options:
         if value is not None:
             words += [flag, str(value)]
-    words += ["--adapter"] * settings.adapter
+    words += {True: ["--adapter"], False: ["--no-adapter"]}.get(settings.adapter, [])
     words += ["--compile"] * settings.compile
     for stop in settings.stop:
         words += ["--stop", _escape(stop)]

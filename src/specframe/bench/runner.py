@@ -225,7 +225,7 @@ def check_prompt_lengths(model: ModelBackend, settings: BenchSettings, examples:
             "has one"
         )
     limit = settings.max_new_tokens
-    lengths = {ex.index: len(model.encode_prompt(settings.prompt_text(ex.prompt))) for ex in examples}
+    lengths = {ex.index: len(model.encode_prompt(settings.prompt_text(ex.prompt, model.tokenizer))) for ex in examples}
     long = [ex for ex in examples if not fits_context(lengths[ex.index], limit, model)]
     if not long:
         return
@@ -264,7 +264,7 @@ def _warm_up(decoders: Mapping[Method, Decoder], chosen: list[Example], settings
 
 def _generate_one(decoder: Decoder, example: Example, method: Method, settings: BenchSettings, seed: int) -> Generation:
     try:
-        return decoder.generate(settings.prompt_text(example.prompt), seed=seed)
+        return decoder.generate(settings.prompt_text(example.prompt, decoder.model.tokenizer), seed=seed)
     except InputError as exc:
         raise SpecframeError(f"prompt {example.index} ({example.id}) with {method.label}: {exc}") from exc
 

@@ -19,6 +19,9 @@ SCOPE_KEYS = frozenset(
 MAX_REPEATS = 1000  # seeds are base + 1000 * prompt index + repeat
 WIDTHLESS = frozenset({"ar"})  # schedules that take no speculative width
 
+#: ``--prompt-template`` value that sends each prompt as a user message in the model's chat template.
+CHAT = "chat"
+
 
 @dataclass(frozen=True, order=True)
 class Method:
@@ -94,10 +97,10 @@ class BenchSettings:
         seed: Base seed (response seeds are ``seed + 1000 * prompt index + repeat``).
         dtype: Model dtype (``None``: the loader's default).
         revision: Hub revision of the model.
-        adapter: Use the proposal-only adapter.
+        adapter: Use the proposal-only adapter (``None``: the drafter the checkpoint declares, if any).
         stop: Stop strings.
-        prompt_template: Text around each prompt, with ``{prompt}`` where the prompt goes (e.g. a chat
-            format); ``None`` for raw prompts.
+        prompt_template: ``"chat"`` for the model's chat template, or text around each prompt, with ``{prompt}``
+            where the prompt goes (e.g. a hand-written chat format); ``None`` for raw prompts.
         limit: Only the first ``limit`` prompts.
         shard: ``(i, n)``: only prompts whose index is ``i`` modulo ``n``.
         warmup: Untimed warm-up generations per method before measuring.
@@ -123,7 +126,7 @@ class BenchSettings:
     seed: int = 0
     dtype: str | None = None
     revision: str | None = None
-    adapter: bool = False
+    adapter: bool | None = None
     stop: list[str] = field(default_factory=list)
     prompt_template: str | None = None
     limit: int | None = None
@@ -169,8 +172,11 @@ class BenchSettings:
             raise ConfigError(f"--resamples must be >= 1, got {self.resamples}")
         if isinstance(self.bootstrap_seed, bool) or not isinstance(self.bootstrap_seed, int) or self.bootstrap_seed < 0:
             raise ConfigError(f"--bootstrap-seed must be an integer >= 0, got {self.bootstrap_seed!r}")
-        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
-            raise ConfigError("--prompt-template must contain {prompt} where the prompt text goes")
+        if self.prompt_template not in (None, CHAT) and "{prompt}" not in self.prompt_template:
+            raise ConfigError(
+                f"--prompt-template must contain {{prompt}} where the prompt text goes, or be {CHAT!r} for the "
+                "model's chat template"
+            )
         if self.shard is not None:
             index, count = self.shard
             if not 0 <= index < count:
@@ -216,10 +222,19 @@ class BenchSettings:
             "--schedules/--widths or pick one of them"
         )
 
-    def prompt_text(self, prompt: str) -> str:
-        """The text given to the model for a task prompt (the template applied, if any)."""
+    def prompt_text(self, prompt: str, tokenizer: object = None) -> str:
+        """The text given to the model for a task prompt (the template applied, if any).
+
+        Args:
+            prompt: The task's prompt.
+            tokenizer: The model's tokenizer, whose chat template ``--prompt-template chat`` applies.
+        """
         if self.prompt_template is None:
             return prompt
+        if self.prompt_template == CHAT:
+            from specframe.models.chat import chat_prompt
+
+            return chat_prompt(tokenizer, prompt, where="--prompt-template chat")
         return self.prompt_template.replace("{prompt}", prompt)
 
     def seed_for(self, prompt_index: int, repeat: int) -> int:

@@ -62,3 +62,25 @@ def render_chat(
         )
     except TemplateError as exc:
         raise InputError(f"the model's chat template refused the messages: {exc}") from exc
+
+
+def chat_prompt(tokenizer: object, text: str, *, where: str = "--chat") -> str:
+    """``text`` as one user message in the model's chat template, ready for the assistant's answer.
+
+    Args:
+        tokenizer: The model's tokenizer (its ``chat_template`` attribute is used).
+        text: The user's message.
+        where: The option that asked for it, for the error message.
+
+    Raises:
+        ConfigError: If the model has no chat template.
+    """
+    from specframe.errors import ConfigError
+
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise ConfigError(
+            f"{where}: the model has no chat template (chat_template.jinja or tokenizer_config.json's "
+            "chat_template); give the prompt as plain text instead"
+        )
+    return render_chat(template, [{"role": "user", "content": text}])

@@ -141,6 +141,10 @@ def _local_source(source: str | os.PathLike[str] | None) -> Path | None:
             raise CheckpointError(f"{path} is a file; pass the checkpoint folder that contains config.json")
         return path
     text = os.fspath(source)
+    from specframe.models.named import NAMED_MODELS, pulled_folder
+
+    if text in NAMED_MODELS:
+        return pulled_folder(text)
     return bundled_model(text) if text in bundled_model_names() else None
 
 

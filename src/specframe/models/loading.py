@@ -151,7 +151,7 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     revision: str | None = None,
     family: str | None = None,
-    adapter: bool | str | os.PathLike[str] = False,
+    adapter: bool | str | os.PathLike[str] | None = None,
 ) -> ModelBackend:
     """Load a model from the Hub, a local folder, or the bundled default.
 
@@ -164,7 +164,9 @@ def load_model(
             dtype; default float32 on CPU and the checkpoint's own dtype on accelerators.
         revision: Hub branch, tag or commit.
         family: Force a model family (e.g. ``"setdlm"``) instead of choosing by ``model_type``.
-        adapter: Load the family's proposal-only adapter (``True``, or an adapter folder).
+        adapter: Load the family's proposal-only adapter (``True``, or an adapter folder); ``None`` (the
+            default) loads the drafter adapter the checkpoint declares as its own (config.json's
+            ``specframe_drafter``, which converted models with a trained drafter carry), and none otherwise.
 
     Returns:
         The loaded backend.
@@ -179,11 +181,13 @@ def load_model(
             f"the model source must be a Hub repo id, a folder path or a bundled model's name (a str or path), "
             f"got {type(source).__name__} {source!r:.60}; pass None for the bundled default model"
         )
-    if not isinstance(adapter, (bool, str, os.PathLike)):
-        raise ConfigError(f"adapter must be True, False or an adapter folder path, got {adapter!r}")
+    if adapter is not None and not isinstance(adapter, (bool, str, os.PathLike)):
+        raise ConfigError(f"adapter must be True, False, None or an adapter folder path, got {adapter!r}")
     resolved_device = resolve_device(device)  # fail before any download
     folder = resolve_source(source, revision=revision, adapter=adapter is True)
     config = read_config(folder)
+    if adapter is None:
+        adapter = declared_drafter(config, folder)
     entry = _pick_family(config, family, folder)
     options: dict[str, object] = {}
     if adapter is not False:
@@ -212,6 +216,27 @@ def load_model(
     if not isinstance(model, ModelBackend):
         raise PluginError(f"{origin}: its loader returned {type(model).__name__}, not a ModelBackend")
     return model
+
+
+def declared_drafter(config: dict, folder: Path) -> Path | bool:
+    """The adapter folder a checkpoint declares as its drafter (config.json ``specframe_drafter``), or False.
+
+    Raises:
+        CheckpointError: If the declared folder is not a plain name inside the checkpoint, or is missing.
+    """
+    name = config.get("specframe_drafter")
+    if name is None:
+        return False
+    where = Path(folder) / "config.json"
+    if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+        raise CheckpointError(f"{where}: specframe_drafter must name a folder inside the checkpoint, got {name!r}")
+    adapter = Path(folder) / name
+    if not adapter.is_dir():
+        raise CheckpointError(
+            f"{where} declares the drafter adapter {name!r}, but {adapter} is missing; restore it (e.g. "
+            "`specframe pull` again) or load with adapter=False (--no-adapter)"
+        )
+    return adapter
 
 
 def _pick_family(config: dict, family: str | None, folder: os.PathLike[str]) -> PluginEntry:

@@ -17,10 +17,12 @@ class HubTokenizer:
 
     Args:
         tokenizer: The loaded ``tokenizers.Tokenizer``.
+        chat_template: The model's Jinja chat template, if it has one (see :mod:`specframe.models.chat`).
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None) -> None:
         self.backend = tokenizer
+        self.chat_template = chat_template
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         self._size = max(vocab.values(), default=-1) + 1
 
@@ -74,7 +76,10 @@ def load_tokenizer(folder: Path, vocab_size: int) -> HubTokenizer | None:
     path = folder / TOKENIZER_NAME
     if not path.is_file():
         return None
+    from specframe.models.chat import read_chat_template
+
     tokenizer = HubTokenizer.from_file(path)
+    tokenizer.chat_template = read_chat_template(folder)
     if tokenizer.vocab_size > vocab_size:
         raise CheckpointError(
             f"tokenizer {path} produces ids up to {tokenizer.vocab_size - 1} but the model's vocabulary has "

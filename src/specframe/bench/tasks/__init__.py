@@ -1,8 +1,12 @@
-"""The benchmark tasks, by name: ``smoke``, ``humaneval``, ``mbpp``, ``gsm8k``, ``math500``, ``writingbench``."""
+"""The benchmark tasks, by name.
+
+``smoke``, ``chat``, ``humaneval``, ``mbpp``, ``gsm8k``, ``math500``, ``writingbench``.
+"""
 
 from __future__ import annotations
 
 from specframe.bench.tasks.base import Example, Task, digest
+from specframe.bench.tasks.chat import Chat
 from specframe.bench.tasks.code import MBPP, HumanEval
 from specframe.bench.tasks.files import read_rows
 from specframe.bench.tasks.hub import HubSource, download_dataset_file
@@ -11,7 +15,9 @@ from specframe.bench.tasks.smoke import Smoke
 from specframe.bench.tasks.writing import WritingBench
 from specframe.errors import ConfigError
 
-TASKS: dict[str, type[Task]] = {task.name: task for task in (Smoke, HumanEval, MBPP, GSM8K, MATH500, WritingBench)}
+TASKS: dict[str, type[Task]] = {
+    task.name: task for task in (Smoke, Chat, HumanEval, MBPP, GSM8K, MATH500, WritingBench)
+}
 
 
 def get_task(name: str) -> Task:
@@ -27,6 +33,7 @@ def get_task(name: str) -> Task:
 
 
 __all__ = [
+    "Chat",
     "GSM8K",
     "MATH500",
     "MBPP",

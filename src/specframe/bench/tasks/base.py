@@ -48,6 +48,8 @@ class Task(ABC):
         hub: Where the data lives on the Hugging Face Hub, or ``None``.
         offline_hint: What to do when the data cannot be downloaded.
         graded: Whether :meth:`grade` can score responses.
+        prompt_template: The ``--prompt-template`` the task implies when none is given (``"chat"``: the model's
+            chat template), or ``None`` for raw prompts.
     """
 
     name: str = ""
@@ -57,6 +59,7 @@ class Task(ABC):
     hub: HubSource | None = None
     offline_hint: str = ""
     graded: bool = True
+    prompt_template: str | None = None
 
     @abstractmethod
     def example(self, row: Mapping[str, Any], index: int) -> Example:

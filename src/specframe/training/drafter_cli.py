@@ -1,0 +1,82 @@
+"""``specframe train-drafter``: train the drafter of a converted model (see :mod:`specframe.training.drafter`).
+
+Examples::
+
+    specframe convert SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2 --dtype float32
+    specframe train-drafter models/smollm2 --work-dir runs/drafter --attach
+
+A run resumes from its work folder. ``--attach`` copies the trained adapter into the model folder and
+declares it as the model's drafter, so that every decoder composed on that folder uses it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from specframe.errors import ConfigError
+from specframe.training.cli import _setting, folder_path
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add ``specframe train-drafter`` to the CLI's subparsers."""
+    parser = subparsers.add_parser(
+        "train-drafter",
+        help="train the drafter (proposal LoRA) of a converted model on its own greedy text (CPU or GPU)",
+        description="Train the proposal-only LoRA of a model written by `specframe convert`, the base frozen, "
+        "on the base model's own greedy continuations of prompts the project ships.",
+    )
+    parser.add_argument("model", type=folder_path, help="the converted model folder")
+    parser.add_argument("--work-dir", required=True, type=folder_path, help="run folder (resumed when it exists)")
+    parser.add_argument("--steps", type=int, help="optimizer steps (default 600)")
+    parser.add_argument("--threads", type=int, help="torch threads (default 2, or 1 on a one-core machine)")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE", help="change a setting, e.g. rank=32 (JSON)"
+    )
+    parser.add_argument(
+        "--attach", action="store_true", help="copy the adapter into the model folder and declare it its drafter"
+    )
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``specframe train-drafter``."""
+    from specframe.models.threads import check_threads, machine_cores
+    from specframe.training.drafter import ADAPTER_FOLDER, DrafterConfig, train_drafter
+
+    overrides = dict(_setting(item) for item in args.set)
+    known = [f.name for f in fields(DrafterConfig)]
+    unknown = sorted(set(overrides) - set(known))
+    if unknown:
+        raise ConfigError(f"--set: unknown drafter setting(s) {', '.join(unknown)}; settings: {', '.join(known)}")
+    if args.steps is not None:
+        overrides["steps"] = args.steps
+    try:
+        config = DrafterConfig(**overrides)
+    except TypeError as exc:
+        raise ConfigError(f"specframe train-drafter: {exc}") from exc
+    if not (args.model / "config.json").is_file():
+        raise ConfigError(f"{args.model}: not a model folder (no config.json); convert a model first")
+    threads = min(2, machine_cores()) if args.threads is None else check_threads(args.threads, "--threads")
+    summary = train_drafter(args.model, args.work_dir, config, threads=threads, log=lambda x: print(x, flush=True))
+    if args.attach:
+        attach_drafter(args.work_dir / ADAPTER_FOLDER, args.model)
+        print(f"attached the drafter to {args.model}", flush=True)
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
+    return 0
+
+
+def attach_drafter(adapter: Path, model: Path, name: str = "linear_spec_lora") -> None:
+    """Copy ``adapter`` into ``model/name`` and declare it the model's drafter in config.json."""
+    target = model / name
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(adapter, target)
+    config_path = model / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["specframe_drafter"] = name
+    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
