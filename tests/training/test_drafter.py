@@ -196,3 +196,22 @@ def test_a_declared_drafter_loads_by_default(drafter_run, converted, tmp_path):
         (folder / "config.json").write_text(json.dumps({**config, "specframe_drafter": bad}))
         with pytest.raises(CheckpointError, match="specframe_drafter"):
             load_model(folder)
+
+
+def test_train_drafter_cli_attaches_the_adapter(drafter_run, converted, tmp_path, capsys):
+    from specframe.cli import main
+
+    folder, work = tmp_path / "model", tmp_path / "run"
+    shutil.copytree(converted, folder)
+    shutil.copytree(drafter_run[0], work)
+    recorded = json.loads((work / "settings.json").read_text())  # the run, as if made on this copy of the model
+    (work / "settings.json").write_text(json.dumps({**recorded, "model": str(folder.resolve())}))
+    settings = [f"--set={key}={json.dumps(value)}" for key, value in RUN.items() if key != "steps"]
+    assert main(["train-drafter", str(folder), "--work-dir", str(work), "--steps", "40", *settings, "--attach"]) == 0
+    assert "attached the drafter" in capsys.readouterr().out
+    assert load_model(folder).has_adapter
+    assert main(["train-drafter", str(folder), "--work-dir", str(work), "--set", "nope=1"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nope" in err
+    assert main(["train-drafter", str(folder), "--work-dir", str(work), "--steps", "40"]) == 1
+    assert "other settings" in capsys.readouterr().err
