@@ -398,7 +398,7 @@ def train_drafter(
                 log_file,
                 {
                     "step": step,
-                    "train_loss": round(float(loss), 4),
+                    "train_loss": round(float(loss.detach()), 4),
                     "wall_s": round(elapsed, 1),
                     **offset_agreement(forward, held_out, config, mask_id),
                 },
