@@ -346,11 +346,12 @@ def random_kquant(rows: int, cols: int, kind: str, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     blocks = rows * cols // 256
     data = rng.integers(0, 256, size=(blocks, KQUANT_BYTES[kind]), dtype=np.uint8)
-    if kind == "Q4_K":  # |value| up to about 0.1: d * 63 * 15
-        data[:, 0:2] = _f16_bytes(rng.uniform(2e-5, 1e-4, blocks))
-        data[:, 2:4] = _f16_bytes(rng.uniform(2e-5, 1e-4, blocks))
-    else:  # |value| up to about 0.1: d * 128 * 32
-        data[:, 208:210] = _f16_bytes(rng.uniform(5e-6, 2.5e-5, blocks))
+    if kind == "Q4_K":  # d * scale * q - dmin * min, centred by dmin = 7.5 d (q averages 7.5); up to about 0.3
+        d = rng.uniform(1e-4, 3e-4, blocks)
+        data[:, 0:2] = _f16_bytes(d)
+        data[:, 2:4] = _f16_bytes(7.5 * d)
+    else:  # d * scale * (q - 32): |value| up to about 0.3
+        data[:, 208:210] = _f16_bytes(rng.uniform(2e-5, 7e-5, blocks))
     return data.reshape(rows, -1)
 
 
