@@ -20,17 +20,18 @@ import torch
 #: chat-template tokens, so choosing the highest *unused* control token is not the same as the highest one.
 SPECIALS = ("<|endoftext|>", "<|unused|>", "<|im_start|>", "<|im_end|>")
 
-#: A ChatML template whose block tags sit on their own lines (trim_blocks / lstrip_blocks matter).
+#: A ChatML template with block tags on their own lines: it renders clean ChatML only with jinja's
+#: ``trim_blocks`` and ``lstrip_blocks``, as transformers renders templates.
 CHATML = (
     "{% for message in messages %}\n"
-    "{% if loop.first and messages[0]['role'] != 'system' %}\n"
+    "    {% if loop.first and messages[0]['role'] != 'system' %}\n"
     "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}\n"
-    "{% endif %}\n"
+    "    {%- endif %}\n"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}\n"
-    "{% endfor %}\n"
+    "{%- endfor %}\n"
     "{% if add_generation_prompt %}\n"
-    "  {{ '<|im_start|>assistant\\n' }}\n"
-    "{% endif %}\n"
+    "  {{- '<|im_start|>assistant\\n' }}\n"
+    "{%- endif %}\n"
 )
 
 TEXTS = (
