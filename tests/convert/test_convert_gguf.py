@@ -29,6 +29,7 @@ from convert_helpers import (
     tokenizer,
     write_gguf,
 )
+from gguf import GGUFValueType
 from tokenizers import Tokenizer
 
 from specframe.convert import convert
@@ -173,5 +174,21 @@ def test_tokenizer_is_rebuilt_from_the_gguf_vocabulary(gguf_case, tmp_path):
     model = load_model(convert(source, tmp_path / "converted", dtype="float32"), dtype="float64")
     assert model.mask_token_id == special_id("<|unused|>")
     assert set(model.eos_token_ids) == {special_id("<|endoftext|>"), special_id("<|im_end|>")}
-    assert model.bos_token_id == special_id("<|im_start|>")
-    assert model.encode_prompt(TEXTS[1]) == [special_id("<|im_start|>"), *original.encode(TEXTS[1]).ids]
+    assert model.bos_token_id is None  # the file names a BOS but does not ask for it (no add_bos_token)
+    assert model.encode_prompt(TEXTS[1]) == original.encode(TEXTS[1]).ids
+
+
+@pytest.mark.parametrize(
+    ("add_bos", "pre", "adds"), [(True, "smollm", True), (False, "smollm", False), (None, "smollm", False),
+                                 (None, "llama-bpe", True), (False, "llama-bpe", False)],
+)  # fmt: skip
+def test_prompts_get_the_bos_as_llama_cpp_adds_it(tmp_path, add_bos, pre, adds):
+    """``tokenizer.ggml.add_bos_token`` decides; without it llama.cpp adds BOS only for Llama 3's tokenizer."""
+    metadata = {} if add_bos is None else {"tokenizer.ggml.add_bos_token": (add_bos, GGUFValueType.BOOL)}
+    path = write_gguf(tmp_path / "model.gguf", random_weights(seed=4), metadata=metadata, pre=pre)
+    source = read_gguf(path)
+    assert source.add_bos is adds
+    model = load_model(convert(source, tmp_path / "out", dtype="float32"), dtype="float64")
+    bos = special_id("<|im_start|>")
+    assert model.bos_token_id == (bos if adds else None)
+    assert (model.encode_prompt("Hello")[0] == bos) is adds

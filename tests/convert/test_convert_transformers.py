@@ -7,12 +7,15 @@ transformers running them in float64.
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from convert_helpers import PROMPTS, SPECIALS, TEXTS, reference_greedy, specframe_outputs, special_id, tokenizer
 from safetensors.torch import load_file
 
+from specframe.convert import convert
 from specframe.convert.hf_source import read_transformers
 from specframe.models import load_model
 from specframe.models.weights import open_weights
@@ -167,3 +170,31 @@ def test_mistral_sliding_window_caps_the_context(tmp_path, converted):
     (windowed / "config.json").write_text(json.dumps(config))
     assert read_transformers(item.source).config["max_position_embeddings"] == 256
     assert read_transformers(windowed).config["max_position_embeddings"] == 64
+
+
+@pytest.mark.parametrize("bos", [None, "<|im_start|>"])
+@pytest.mark.parametrize("template", [False, True])
+def test_prompts_get_a_bos_exactly_when_the_source_tokenizer_adds_one(converted, tmp_path, bos, template):
+    """The converted model prepends its config.json BOS to every prompt; the source tokenizer may not (SmolLM2
+    names a BOS in config.json but never adds it), so the BOS is kept only where transformers adds one."""
+    from tokenizers import processors
+    from transformers import AutoTokenizer
+
+    source = Path(shutil.copytree(converted("llama").source, tmp_path / "source"))
+    config = json.loads((source / "config.json").read_text())
+    config["bos_token_id"] = None if bos is None else special_id(bos)
+    (source / "config.json").write_text(json.dumps(config))
+    if template:
+        adding = tokenizer()
+        start = "<|im_start|>"
+        adding.post_processor = processors.TemplateProcessing(
+            single=f"{start} $A", pair=f"{start} $A {start} $B", special_tokens=[(start, special_id(start))]
+        )
+        adding.save(str(source / "tokenizer.json"))
+    model = load_model(convert(read_transformers(source), tmp_path / "out", dtype="float32"), dtype="float64")
+    expected = AutoTokenizer.from_pretrained(source)
+    for text in TEXTS:
+        assert model.encode_prompt(text) == expected(text)["input_ids"], text
+    # the template's first token is the BOS, whether or not config.json names one
+    assert model.bos_token_id == (special_id("<|im_start|>") if template else None)
+    assert (model.encode_prompt(TEXTS[0])[0] == special_id("<|im_start|>")) is template
