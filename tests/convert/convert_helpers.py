@@ -94,6 +94,7 @@ def transformers_model(architecture: str, *, tied: bool = False, seed: int = 0, 
         "intermediate_size": 128,
         "max_position_embeddings": 256,
         "rms_norm_eps": 1e-5,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 25000.0},  # not a default: it must be read
         "bos_token_id": None,
         "eos_token_id": special_id("<|endoftext|>"),
         "tie_word_embeddings": tied,
@@ -182,7 +183,7 @@ GGUF_DIMS = {
     "num_key_value_heads": 2,
     "intermediate_size": 512,
     "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
+    "rope_theta": 25000.0,
     "max_position_embeddings": 128,
 }
 

@@ -60,6 +60,10 @@ def test_every_weight_is_written_unchanged_under_the_family_names(converted, nam
         assert written[key].dtype == torch.float32, key
         assert torch.equal(written[key], tensor), key
     config = json.loads((item.folder / "config.json").read_text())
+    network = config.get("backbone_config", config)
+    theta = network.get("rope_theta") or network["rope_parameters"]["rope_theta"]
+    assert theta == item.model.config.rope_parameters["rope_theta"] == 25000.0
+    assert network["head_dim"] == item.model.config.head_dim
     assert config["torch_dtype"] == "float32"
     assert config["specframe_conversion"]["architecture"] == item.model.config.architectures[0]
 
