@@ -168,6 +168,8 @@ GGUF_LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
 }
 GGUF_TOP_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -208,13 +210,15 @@ def permute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
     return weight[np.array(order)]
 
 
-def random_weights(*, tied: bool = False, seed: int = 0, dims: dict[str, Any] | None = None) -> dict[str, np.ndarray]:
-    """Float32 weights in transformers' names and orientation for a Llama network of ``dims``."""
+def random_weights(
+    *, tied: bool = False, seed: int = 0, dims: dict[str, Any] | None = None, qk_norm: bool = False
+) -> dict[str, np.ndarray]:
+    """Float32 weights in transformers' names and orientation for a Llama (Qwen3: ``qk_norm``) network."""
     dims = {**GGUF_DIMS, **(dims or {})}
     rng = np.random.default_rng(seed)
     hidden, inter, vocab = dims["hidden_size"], dims["intermediate_size"], vocab_size()
-    head_dim = hidden // dims["num_attention_heads"]
-    kv = dims["num_key_value_heads"] * head_dim
+    head_dim = dims.get("head_dim", hidden // dims["num_attention_heads"])
+    q, kv = dims["num_attention_heads"] * head_dim, dims["num_key_value_heads"] * head_dim
     scale = 0.15
 
     def matrix(rows: int, cols: int) -> np.ndarray:
@@ -229,16 +233,19 @@ def random_weights(*, tied: bool = False, seed: int = 0, dims: dict[str, Any] | 
         weights.update(
             {
                 prefix + "input_layernorm.weight": norm(hidden),
-                prefix + "self_attn.q_proj.weight": matrix(hidden, hidden),
+                prefix + "self_attn.q_proj.weight": matrix(q, hidden),
                 prefix + "self_attn.k_proj.weight": matrix(kv, hidden),
                 prefix + "self_attn.v_proj.weight": matrix(kv, hidden),
-                prefix + "self_attn.o_proj.weight": matrix(hidden, hidden),
+                prefix + "self_attn.o_proj.weight": matrix(hidden, q),
                 prefix + "post_attention_layernorm.weight": norm(hidden),
                 prefix + "mlp.gate_proj.weight": matrix(inter, hidden),
                 prefix + "mlp.up_proj.weight": matrix(inter, hidden),
                 prefix + "mlp.down_proj.weight": matrix(hidden, inter),
             }
         )
+        if qk_norm:
+            weights[prefix + "self_attn.q_norm.weight"] = norm(head_dim)
+            weights[prefix + "self_attn.k_norm.weight"] = norm(head_dim)
     weights["model.norm.weight"] = norm(hidden)
     if not tied:
         weights["lm_head.weight"] = matrix(vocab, hidden)
@@ -256,8 +263,8 @@ def write_gguf(
     pre: str = "smollm",
     raw_tensors: dict[str, tuple[np.ndarray, str]] | None = None,
 ) -> Path:
-    """Write ``weights`` (transformers names, unpermuted) as llama.cpp would: q/k rows permuted, matrices
-    quantized as ``qtype`` (norms stay F32).
+    """Write ``weights`` (transformers names, unpermuted) as llama.cpp would: q/k rows permuted (``llama``),
+    matrices quantized as ``qtype`` (norms stay F32).
 
     ``raw_tensors`` holds already-quantized tensors (``{transformers name: (bytes array, type name)}``) written
     as given, after permuting their rows where llama.cpp would. ``metadata`` adds or replaces key/values
@@ -284,7 +291,7 @@ def write_gguf(
         f"{arch}.attention.head_count_kv": (kv_heads, GGUFValueType.UINT32),
         f"{arch}.attention.layer_norm_rms_epsilon": (dims["rms_norm_eps"], GGUFValueType.FLOAT32),
         f"{arch}.rope.freq_base": (dims["rope_theta"], GGUFValueType.FLOAT32),
-        f"{arch}.rope.dimension_count": (dims["hidden_size"] // heads, GGUFValueType.UINT32),
+        f"{arch}.rope.dimension_count": (dims.get("head_dim", dims["hidden_size"] // heads), GGUFValueType.UINT32),
         f"{arch}.vocab_size": (len(tokens), GGUFValueType.UINT32),
         "tokenizer.ggml.model": ("gpt2", GGUFValueType.STRING),
         "tokenizer.ggml.pre": (pre, GGUFValueType.STRING),
@@ -295,6 +302,9 @@ def write_gguf(
         "tokenizer.ggml.eos_token_id": (vocab["<|endoftext|>"], GGUFValueType.UINT32),
         "tokenizer.chat_template": (CHATML, GGUFValueType.STRING),
     }
+    if "head_dim" in dims:
+        fields[f"{arch}.attention.key_length"] = (dims["head_dim"], GGUFValueType.UINT32)
+        fields[f"{arch}.attention.value_length"] = (dims["head_dim"], GGUFValueType.UINT32)
     for key, value in (metadata or {}).items():
         if value is None:
             fields.pop(key, None)
@@ -308,6 +318,8 @@ def write_gguf(
         writer.add_key_value(key, value, kind, sub_type=sub)
 
     def permuted(name: str, array: np.ndarray) -> np.ndarray:
+        if arch != "llama":  # llama.cpp permutes for its llama architecture only (Qwen3 uses NeoX RoPE)
+            return array
         if name.endswith("q_proj.weight"):
             return permute_rope_rows(array, heads)
         if name.endswith("k_proj.weight"):

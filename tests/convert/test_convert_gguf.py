@@ -192,3 +192,34 @@ def test_prompts_get_the_bos_as_llama_cpp_adds_it(tmp_path, add_bos, pre, adds):
     bos = special_id("<|im_start|>")
     assert model.bos_token_id == (bos if adds else None)
     assert (model.encode_prompt("Hello")[0] == bos) is adds
+
+
+def test_qwen3_gguf_keeps_its_row_order_and_qk_norms(tmp_path):
+    """llama.cpp does not permute Qwen3's q/k rows (NeoX RoPE); its q/k norms come through, and its head size
+    (attention.key_length, 128 as in the released models, not hidden / heads) is read."""
+    from transformers import AutoModelForCausalLM
+
+    dims = {"head_dim": 128}
+    weights = random_weights(seed=6, qk_norm=True, dims=dims)
+    path = write_gguf(tmp_path / "qwen3.gguf", weights, qtype="Q8_0", arch="qwen3", dims=dims)
+    source = read_gguf(path)
+    assert source.architecture == "Qwen3ForCausalLM" and source.family == "setdlm"
+    assert source.config["head_dim"] == 128
+    ours = {name: load() for name, load in source.tensors.items()}
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name).eval()
+    theirs = reference.state_dict()
+    assert set(ours) == set(theirs) == set(weights)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+        assert float((tensor - torch.from_numpy(weights[name])).abs().max()) < 0.02, name  # unpermuted
+    model = load_model(convert(source, tmp_path / "out", dtype="float32"), dtype="float64")
+    assert model.family == "setdlm" and model.mask_token_id == special_id("<|unused|>")
+    ids = PROMPTS[2]  # clean rows under a causal mask: the AR model's next-token logits
+    rows = len(ids)
+    got = model.forward(
+        model.new_cache(16), torch.tensor(ids), torch.arange(rows), torch.ones(rows, rows, dtype=torch.bool).tril()
+    )
+    with torch.no_grad():
+        expected = reference.double()(torch.tensor([ids])).logits[0]
+    keep = torch.arange(expected.shape[1]) != model.mask_token_id  # SetDLM suppresses the mask token
+    assert (got[:, keep] - expected[:, keep]).abs().max() < 1e-5 < expected.abs().max()
