@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from specframe.convert import convert
 from specframe.convert.gguf_source import read_gguf
 from specframe.convert.hf_source import read_transformers
-from specframe.errors import CheckpointError, ConfigError
+from specframe.errors import CheckpointError, ConfigError, OutputError
 
 
 @pytest.fixture
@@ -183,3 +183,25 @@ def test_no_free_control_token(converted, tmp_path):
 def test_unknown_dtype(converted, tmp_path):
     source = read_transformers(converted("llama").source)
     _convert_fails(lambda: source, tmp_path / "out", ConfigError, "'float8'", dtype="float8")
+
+
+def test_out_under_a_file_is_an_output_error(converted, tmp_path):
+    source = read_transformers(converted("llama").source)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("mine")
+    with pytest.raises(OutputError, match="a-file"):
+        convert(source, blocker / "out", dtype="float32")
+    assert blocker.read_text() == "mine"
+
+
+def test_interrupted_conversion_leaves_nothing(converted, tmp_path):
+    source = read_transformers(converted("llama").source)
+    name = "model.layers.1.mlp.down_proj.weight"
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    source.tensors[name] = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        convert(source, tmp_path / "out", dtype="float32")
+    assert leftovers(tmp_path / "out") == []
