@@ -108,6 +108,9 @@ def read_gguf(path: Path) -> SourceModel:
     tensors, tied = _tensors(reader, path, arch, config, gguf)
     config["tie_word_embeddings"] = tied
     tokenizer, control = _tokenizer(fields)
+    # Without tokenizer.ggml.add_bos_token, llama.cpp prepends BOS for byte-level BPE only with Llama 3's
+    # pre-tokenizer.
+    pre_adds_bos = fields.get("tokenizer.ggml.pre", "default") == "llama-bpe"
     config["vocab_size"] = max(config["vocab_size"], len(fields.get("tokenizer.ggml.tokens")))
     special = {
         name: fields.get(f"tokenizer.ggml.{key}", None)
@@ -126,6 +129,7 @@ def read_gguf(path: Path) -> SourceModel:
         chat_template=fields.get("tokenizer.chat_template", None),
         special={k: int(v) for k, v in special.items() if v is not None},
         control_tokens=control,
+        add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", pre_adds_bos)),
         description=f"{path.name} ({fields.get('general.name', arch)})",
     )
 

@@ -58,6 +58,9 @@ def read_transformers(source: str | Path, *, revision: str | None = None) -> Sou
             value = value[0] if value else None
         if isinstance(value, int) and not isinstance(value, bool):
             special[key] = value
+    prompt_bos = _prompt_bos(folder, tokenizer, special.get("bos_token_id"))
+    if prompt_bos is not None:
+        special["bos_token_id"] = prompt_bos
     return SourceModel(
         architecture=architecture,
         config=config,
@@ -66,8 +69,36 @@ def read_transformers(source: str | Path, *, revision: str | None = None) -> Sou
         chat_template=read_chat_template(folder),
         special=special,
         control_tokens=[int(a["id"]) for a in added if a.get("special")],
+        add_bos=prompt_bos is not None,
         description=str(source),
     )
+
+
+def _prompt_bos(folder: Path, tokenizer: dict[str, Any], bos: int | None) -> int | None:
+    """The id the source's tokenizer puts before a prompt, if any.
+
+    tokenizer_config.json's ``add_bos_token`` decides where it is given; otherwise the first special token of
+    tokenizer.json's post-processor template, if the template starts with one.
+    """
+    try:
+        settings = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        settings = {}
+    if isinstance(settings, dict) and isinstance(settings.get("add_bos_token"), bool):
+        return bos if settings["add_bos_token"] else None
+    processors = [tokenizer.get("post_processor")]
+    while processors:
+        processor = processors.pop()
+        if not isinstance(processor, dict):
+            continue
+        processors.extend(processor.get("processors") or [])  # a Sequence of post-processors
+        single = processor.get("single")
+        if processor.get("type") == "TemplateProcessing" and isinstance(single, list) and single:
+            name = (single[0].get("SpecialToken") or {}).get("id") if isinstance(single[0], dict) else None
+            ids = ((processor.get("special_tokens") or {}).get(name) or {}).get("ids") if name else None
+            if isinstance(ids, list) and len(ids) == 1 and isinstance(ids[0], int):
+                return ids[0]
+    return None
 
 
 def _network_config(raw: dict[str, Any], architecture: str, where: str) -> dict[str, Any]:

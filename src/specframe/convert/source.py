@@ -30,6 +30,8 @@ class SourceModel:
         chat_template: The Jinja chat template, if the source has one.
         special: ``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``unk_token_id`` where known.
         control_tokens: Ids of control (special) tokens, candidates for the mask token.
+        add_bos: Whether the source's tokenizer puts the BOS token before a prompt; the converted model
+            prepends it only then (its config.json ``bos_token_id`` is what a model prepends).
         description: Where the model came from, for messages and the written metadata.
     """
 
@@ -40,6 +42,7 @@ class SourceModel:
     chat_template: str | None = None
     special: dict[str, Any] = field(default_factory=dict)
     control_tokens: list[int] = field(default_factory=list)
+    add_bos: bool = False
     description: str = ""
 
     @property

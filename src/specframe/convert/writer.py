@@ -59,8 +59,11 @@ def convert(
         what = "folder" if out.is_dir() else "file"
         raise ConfigError(f"--out {out}: a {what} is already there; choose a new folder or pass --overwrite")
     mask_id = choose_mask_token(source, mask_token)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as exc:  # e.g. a file where a parent folder should be, or no permission
+        raise OutputError(f"cannot write the converted model to {out}: {exc}") from exc
     try:
         writer = _NEMOTRON if source.family == nemotron.FAMILY else _SETDLM
         config = writer.config(source, mask_id, dtype)
@@ -136,7 +139,7 @@ def _nemotron_config(source: SourceModel, mask_id: int, dtype: str) -> dict[str,
         "rms_norm_eps": c["rms_norm_eps"],
         "tie_word_embeddings": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": c["rope_theta"]},
-        "bos_token_id": source.special.get("bos_token_id"),
+        "bos_token_id": source.special.get("bos_token_id") if source.add_bos else None,
         "eos_token_id": _eos(source),
         "pad_token_id": source.special.get("pad_token_id"),
         "mask_token_id": mask_id,
