@@ -12,7 +12,7 @@ import torch
 ARCHITECTURES = {
     "LlamaForCausalLM": "nemotron-labs-diffusion",
     "MistralForCausalLM": "nemotron-labs-diffusion",
-    "Qwen3ForCausalLM": "setdlm",
+    "Qwen3ForCausalLM": "nemotron-labs-diffusion",  # with qk_norm; see specframe.convert
 }
 
 

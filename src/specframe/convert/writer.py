@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from specframe.convert.source import SourceModel
 from specframe.errors import CheckpointError, ConfigError, OutputError
-from specframe.models import nemotron, setdlm
+from specframe.models import nemotron
 
 #: Largest weight shard written, in bytes.
 SHARD_BYTES = 2 * 1024**3
@@ -65,10 +65,9 @@ def convert(
     except OSError as exc:  # e.g. a file where a parent folder should be, or no permission
         raise OutputError(f"cannot write the converted model to {out}: {exc}") from exc
     try:
-        writer = _NEMOTRON if source.family == nemotron.FAMILY else _SETDLM
-        config = writer.config(source, mask_id, dtype)
+        config = _config(source, mask_id, dtype)
         (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        _write_weights(source, staging, writer.rename, DTYPES[dtype], log)
+        _write_weights(source, staging, _rename, DTYPES[dtype], log)
         _write_tokenizer(source, staging, mask_id)
         if out.exists():
             shutil.rmtree(out)
@@ -112,12 +111,8 @@ def choose_mask_token(source: SourceModel, wanted: str | None) -> int:
     return max(free)
 
 
-class _Layout:
-    def __init__(self, rename: Callable[[str, bool], list[str]], config: Callable[..., dict[str, Any]]) -> None:
-        self.rename, self.config = rename, config
-
-
-def _nemotron_rename(name: str, tied: bool) -> list[str]:
+def _rename(name: str, tied: bool) -> list[str]:
+    """Checkpoint names of a source tensor in the Nemotron-Labs-Diffusion layout."""
     if name == "lm_head.weight":
         return ["diffusion_head.weight"]
     renamed = "encoder." + name.removeprefix("model.")
@@ -126,8 +121,10 @@ def _nemotron_rename(name: str, tied: bool) -> list[str]:
     return [renamed]
 
 
-def _nemotron_config(source: SourceModel, mask_id: int, dtype: str) -> dict[str, Any]:
+def _config(source: SourceModel, mask_id: int, dtype: str) -> dict[str, Any]:
+    """The Nemotron-Labs-Diffusion config.json of a converted model (``qk_norm`` for Qwen3's block)."""
     c = source.config
+    qk_norm = {"qk_norm": True} if source.architecture == "Qwen3ForCausalLM" else {}
     return {
         "architectures": ["NemotronLabsDiffusionModel"],
         "model_type": nemotron.MODEL_TYPES[0],
@@ -139,45 +136,12 @@ def _nemotron_config(source: SourceModel, mask_id: int, dtype: str) -> dict[str,
         "rms_norm_eps": c["rms_norm_eps"],
         "tie_word_embeddings": False,
         "rope_parameters": {"rope_type": "default", "rope_theta": c["rope_theta"]},
+        **qk_norm,
         "bos_token_id": source.special.get("bos_token_id") if source.add_bos else None,
         "eos_token_id": _eos(source),
         "pad_token_id": source.special.get("pad_token_id"),
         "mask_token_id": mask_id,
         "block_size": 32,
-        "specframe_conversion": {"source": source.description, "architecture": source.architecture},
-    }
-
-
-def _setdlm_rename(name: str, tied: bool) -> list[str]:
-    if name == "lm_head.weight":
-        return [] if tied else ["backbone.model.lm_head.weight"]
-    return ["backbone.model." + name]
-
-
-def _setdlm_config(source: SourceModel, mask_id: int, dtype: str) -> dict[str, Any]:
-    c = source.config
-    backbone = {
-        "architectures": ["Qwen3ForCausalLM"],
-        "model_type": "qwen3",
-        **{k: c[k] for k in _DIMS},
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "rms_norm_eps": c["rms_norm_eps"],
-        "rope_theta": c["rope_theta"],
-        "tie_word_embeddings": bool(c.get("tie_word_embeddings", True)),
-        "use_sliding_window": False,
-        "_target_": "src.backbone.automodel.AutoModelFromPreTrained",
-        "automodel_cls": "AutoModelForCausalLM",
-        "pretrained_model_name_or_path": source.description,
-    }
-    return {
-        "architectures": ["SetDLM"],
-        "model_type": setdlm.MODEL_TYPES[0],
-        "backbone_config": backbone,
-        "mask_token_id": mask_id,
-        "eos_token_id": _eos(source),
-        "pad_token_id": source.special.get("pad_token_id"),
-        "torch_dtype": dtype,
         "specframe_conversion": {"source": source.description, "architecture": source.architecture},
     }
 
@@ -192,8 +156,6 @@ _DIMS = (
     "head_dim",
     "max_position_embeddings",
 )
-_NEMOTRON = _Layout(_nemotron_rename, _nemotron_config)
-_SETDLM = _Layout(_setdlm_rename, _setdlm_config)
 
 
 def _eos(source: SourceModel) -> list[int]:
