@@ -277,7 +277,11 @@ def transformers_model(model: Any, source: str | None) -> Any | None:
         "max_position_embeddings": d.max_positions,
         "tie_word_embeddings": model.network.head is None,
     }
-    if model.family == "nemotron-labs-diffusion":  # Ministral3 has YaRN and the Llama-4 query scaling
+    converted = (raw.get("specframe_conversion") or {}).get("architecture")
+    if converted:  # a model made by `specframe convert`: the class its users would run instead
+        cls = getattr(transformers, converted)
+        config = cls.config_class(**sizes, rope_parameters=raw["rope_parameters"])
+    elif model.family == "nemotron-labs-diffusion":  # Ministral3 has YaRN and the Llama-4 query scaling
         config = transformers.Ministral3Config(**sizes, rope_parameters=raw["rope_parameters"])
         cls = transformers.Ministral3ForCausalLM
     else:
