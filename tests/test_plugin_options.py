@@ -73,8 +73,8 @@ def test_split_specs_keeps_options_with_their_schedule():
 
 
 def test_generate_passes_schedule_and_acceptance_options(capsys):
-    code = main(["generate", "def f(x):", "--schedule", "tunable:patience=5,label=go", "--max-new-tokens", "3",
-                 "--acceptance", "rejection:temperature=0.5,top_k=3", "--json"])  # fmt: skip
+    code = main(["generate", "def f(x):", "--schedule", "tunable:patience=5,label=go", "--width", "3",
+                 "--max-new-tokens", "3", "--acceptance", "rejection:temperature=0.5,top_k=3", "--json"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
     assert len(json.loads(out)["output_ids"]) == 3
