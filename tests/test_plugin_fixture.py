@@ -12,7 +12,7 @@ import pytest
 
 import specframe
 
-PLUGIN = '''
+PLUGIN = """
 from specframe import hookimpl
 from specframe.orders.ltr import LeftToRight
 
@@ -24,9 +24,9 @@ class Plugin:
 
 
 plugin = Plugin()
-'''
+"""
 
-TESTS = '''
+TESTS = """
 import pytest
 
 from specframe.plugins import get_registry
@@ -43,10 +43,10 @@ def test_one(order):
 
 def test_two(order):
     assert get_registry().get("order_policy", "my-order")
-'''
+"""
 
 CONFTESTS = {
-    "function-scoped": '''
+    "function-scoped": """
 import pytest
 from my_plugin import plugin
 from specframe.plugins import plugin_registered
@@ -56,19 +56,19 @@ from specframe.plugins import plugin_registered
 def registered():
     with plugin_registered(plugin, "my_plugin"):
         yield
-''',
-    "registered_fixture": '''
+""",
+    "registered_fixture": """
 from my_plugin import plugin
 from specframe.plugin_testing import registered_fixture
 
 my_plugin_registered = registered_fixture(plugin, "my_plugin")
-''',
-    "module-scoped": '''
+""",
+    "module-scoped": """
 from my_plugin import plugin
 from specframe.plugin_testing import registered_fixture
 
 registered = registered_fixture(plugin, "my_plugin", scope="module", fixture_name="registered")
-''',
+""",
 }
 
 
