@@ -29,6 +29,8 @@ class MonotoneOracle(ModelBackend):
         vocab_size: Vocabulary size; the last id is the mask token.
     """
 
+    num_parameters = 1_000  # a scripted stand-in: the thread policy gives it one thread
+
     family = "nemotron-labs-diffusion"
 
     def __init__(self, prompt_length: int, continuation: Sequence[int], thresholds: Sequence[int], vocab_size: int):

@@ -50,6 +50,8 @@ class TableModel(ModelBackend):
         seed: Selects the table.
     """
 
+    num_parameters = 1_000  # a scripted stand-in: the thread policy gives it one thread
+
     def __init__(
         self,
         family: str,

@@ -57,3 +57,23 @@ def test_load_selection_env_includes_or_excludes_entry_points(site):
     assert ENTRY not in none and any(e["name"] == "packed" for e in none)  # built-ins always load
     chosen = json.loads(run_with(site, ["-m", "specframe.cli", "plugins"], load="specframe-ablation-orders").stdout)
     assert ENTRY in chosen
+
+
+def test_an_unknown_name_whose_distribution_is_excluded_says_so(site):
+    code = (
+        "from specframe.plugins import get_registry\n"
+        "try:\n"
+        "    get_registry().get('order_policy', 'lowest-confidence')\n"
+        "except KeyError as error:\n"
+        "    print(error)\n"
+    )
+    for load in ("", "some-other-plugin"):
+        message = run_with(site, ["-c", code], load=load).stdout
+        assert "unknown order policy 'lowest-confidence'" in message
+        assert (
+            f"comes from the installed distribution 'specframe-ablation-orders', which SPECFRAME_LOAD_PLUGINS="
+            f"{load!r} excludes; add 'specframe-ablation-orders' to SPECFRAME_LOAD_PLUGINS or unset it"
+        ) in message, message
+    unrelated = "from specframe.plugins import get_registry\ntry:\n    get_registry().get('order_policy', 'nope')\n"
+    unrelated += "except KeyError as error:\n    print(error)\n"
+    assert "excludes" not in run_with(site, ["-c", unrelated], load="").stdout  # no hint where none applies

@@ -128,10 +128,10 @@ def registered():
 
 
 CASES = [
-    ({"schedule": "plan-dict"}, "schedule 'plan-dict'", "plan() returned dict, not a CallPlan"),
-    ({"schedule": "update-none"}, "schedule 'update-none'", "update() returned None"),
-    ({"schedule": "accepts-nothing"}, "schedule 'accepts-nothing'", "update() accepted nothing"),
-    ({"schedule": "plan-raises"}, "schedule 'plan-raises'", "raised RuntimeError: boom in plan while decoding"),
+    ({"schedule": "plan-dict", "width": 3}, "schedule 'plan-dict'", "plan() returned dict, not a CallPlan"),
+    ({"schedule": "update-none", "width": 3}, "schedule 'update-none'", "update() returned None"),
+    ({"schedule": "accepts-nothing", "width": 3}, "schedule 'accepts-nothing'", "update() accepted nothing"),
+    ({"schedule": "plan-raises", "width": 3}, "schedule 'plan-raises'", "RuntimeError: boom in plan while decoding"),
     ({"order": "drops-one", "width": 3}, "order policy 'drops-one'", "not a permutation"),
     ({"order": "claims-ltr", "width": 3}, "order policy 'claims-ltr'", "sets left_to_right = True, but order()"),
     ({"acceptance": "tuple-verdict", "width": 3}, "acceptance rule 'tuple-verdict'", "is a tuple, not a Verdict"),
@@ -150,7 +150,7 @@ def test_a_broken_plugin_is_named_with_what_it_did(model, config, who, what):
 
 
 def test_the_plugins_own_exception_is_the_cause(model):
-    decoder = compose({"model": model, "schedule": "plan-raises", "max_new_tokens": 4})
+    decoder = compose({"model": model, "schedule": "plan-raises", "width": 2, "max_new_tokens": 4})
     with pytest.raises(PluginError) as info:
         decoder.generate(prompt_ids=[3, 4, 5])
     assert isinstance(info.value.__cause__, RuntimeError) and str(info.value.__cause__) == "boom in plan"
@@ -170,7 +170,7 @@ def test_a_builtin_that_raises_is_not_blamed_on_a_plugin(model, monkeypatch):
 
 def test_the_command_line_prints_one_line_or_with_debug_the_traceback(capsys, monkeypatch, tmp_path):
     folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1)
-    args = ["generate", "--model", str(folder), "--schedule", "plan-raises", "--max-new-tokens", "2",
+    args = ["generate", "--model", str(folder), "--schedule", "plan-raises", "--width", "2", "--max-new-tokens", "2",
             "--prompt-ids", "3,4,5"]  # fmt: skip
     for off in (None, "", "0", "off", "False", "NO"):  # each means no traceback (a set "0" used to mean one)
         if off is None:

@@ -73,8 +73,8 @@ def test_split_specs_keeps_options_with_their_schedule():
 
 
 def test_generate_passes_schedule_and_acceptance_options(capsys):
-    code = main(["generate", "def f(x):", "--schedule", "tunable:patience=5,label=go", "--max-new-tokens", "3",
-                 "--acceptance", "rejection:temperature=0.5,top_k=3", "--json"])  # fmt: skip
+    code = main(["generate", "def f(x):", "--schedule", "tunable:patience=5,label=go", "--width", "3",
+                 "--max-new-tokens", "3", "--acceptance", "rejection:temperature=0.5,top_k=3", "--json"])  # fmt: skip
     out, err = capsys.readouterr()
     assert code == 0, err
     assert len(json.loads(out)["output_ids"]) == 3
@@ -122,6 +122,10 @@ def test_bench_methods_and_records_carry_the_options(capsys, tmp_path):
     assert set(methods) == {"ar", "tunable:label=a,patience=2/w2", "tunable:patience=4/w2"}
     assert methods["tunable:label=a,patience=2/w2"]["schedule_options"] == {"label": "a", "patience": 2}
     assert methods["tunable:label=a,patience=2/w2"]["schedule_name"] == "tunable"
+    # describe(), the schedule's own account of itself (defaults included), is in every record
+    described = {"name": "tunable", "patience": 2, "label": "a", "eager": False}
+    assert methods["tunable:label=a,patience=2/w2"]["schedule_description"] == described
+    assert methods["ar"]["schedule_description"] == {"name": "ar"}
     assert "tunable:label=a,patience=2/w2 vs tunable:patience=4/w2" in printed
     # Rerunning the same command resumes: the stored settings hold the same canonical specs.
     assert main(["bench", "--schedules", "ar,tunable:label=a,patience=2,tunable:patience=4", "--widths", "2",

@@ -66,24 +66,39 @@ def ar_distribution(
 
 def _verifier(model: ModelBackend) -> Callable[[list[int]], torch.Tensor]:
     """The verifier's next-token logits after ``ids``: an AR step from an empty cache, in the family's layout."""
-    builder = get_registry().get("mask_builder", model.family).factory(model)
 
     def next_logits(ids: list[int]) -> torch.Tensor:
-        # Every id is pending (nothing is cached) and the next position is the only rank.
-        plan = CallPlan(pending=tuple(enumerate(ids)), order=(len(ids),), chain=(), num_verify=1, drafts=(), width=1)
-        call = builder.build(plan)
-        with torch.inference_mode():
-            logits = model.forward(
-                model.new_cache(call.num_rows),
-                call.input_ids,
-                call.position_ids,
-                call.attention,
-                call.output_rows,
-                call.adapter_rows,
-            )
-            return builder.read(call, logits).verify_logits[0]
+        return conditional_logits(model, list(enumerate(ids)), len(ids))
 
     return next_logits
+
+
+def conditional_logits(model: ModelBackend, context: Sequence[tuple[int, int]], target: int) -> torch.Tensor:
+    """The verifier's ``[V]`` logits at position ``target`` given clean ``(position, token)`` pairs.
+
+    One cache-free forward laid out by the family's own mask builder: the pairs are the call's pending tokens
+    in the given (generation) order and ``target`` is its only verified rank, exactly as a decoding call
+    scores a position. A left-to-right family (Nemotron) needs ``context`` to be positions ``0 .. n-1`` and
+    ``target == n``; an any-order family (SetDLM) takes any positions, in any order, and any open ``target``.
+
+    Args:
+        model: A loaded model (float64 keeps ties between logits from flipping the argmax).
+        context: The clean ``(position, token)`` pairs the target is conditioned on, in generation order.
+        target: The position to score.
+    """
+    builder = get_registry().get("mask_builder", model.family).factory(model)
+    plan = CallPlan(pending=tuple(context), order=(target,), chain=(), num_verify=1, drafts=(), width=1)
+    call = builder.build(plan)
+    with torch.inference_mode():
+        logits = model.forward(
+            model.new_cache(call.num_rows),
+            call.input_ids,
+            call.position_ids,
+            call.attention,
+            call.output_rows,
+            call.adapter_rows,
+        )
+        return builder.read(call, logits).verify_logits[0]
 
 
 def goodness_of_fit(counts: Mapping[tuple[int, ...], int], exact: Mapping[tuple[int, ...], float]) -> float:

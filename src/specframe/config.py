@@ -66,7 +66,8 @@ class DecoderConfig:
             ``top_k``, ``top_p``).
         width: Speculative width W >= 1 (Nemotron's block size is W + 1), or ``"auto"``: ``packed``,
             ``linear``, ``quadratic``, ``kbranch`` and ``auto`` then choose the width of every call from the
-            machine's cost model (``packed`` also falls back to plain AR calls); other schedules use 8. ``ar``
+            machine's cost model (``packed`` also falls back to plain AR calls); ``native`` uses 8, and a plugin
+            schedule its ``auto_width`` (one that declares none needs a width: ``"auto"`` is an error). ``ar``
             takes no width: leave it at ``"auto"`` (a width other than 1 is an error, not ignored).
         max_new_tokens: Output length limit L >= 1.
         seed: Seed of the sampling generator; ``None`` draws a fresh seed per request.

@@ -26,6 +26,7 @@ import math
 import os
 import random
 import statistics
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -380,12 +381,18 @@ def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) 
 
 
 def cost_model_for(
-    model: ModelBackend, *, refresh: bool = False, host_s: Callable[[], float | tuple[float, float]] | None = None
+    model: ModelBackend,
+    *,
+    refresh: bool = False,
+    host_s: Callable[[], float | tuple[float, float]] | None = None,
+    announce: bool = True,
 ) -> CostModel:
     """The cached cost model of ``model``, calibrating (and caching) it first if there is none or it is stale.
 
     A cached model is stale when :func:`shape_drift` finds its table's shape off by more than
-    :data:`STALE_SHAPE` (a check of a few tens of milliseconds, once per process and cache file).
+    :data:`STALE_SHAPE` (a check of a few tens of milliseconds, once per process and cache file). Unless
+    ``announce`` is False, a calibration is announced with one line on stderr (:func:`announce_calibration`):
+    the first run on a machine would otherwise pause for seconds without a word.
     """
     key = model_key(model)
     digest = cache_path(key).name
@@ -398,10 +405,33 @@ def cost_model_for(
             drift = shape_drift(model, cached)
             if drift is None or 1 / STALE_SHAPE <= drift <= STALE_SHAPE:
                 return cached
+            reason = "its cached measurement no longer fits this machine"
+        else:
+            reason = "not measured on this machine yet"
+    else:
+        reason = "asked to measure again"
+    if announce:
+        announce_calibration(model, reason)
     cost = calibrate(model, host_s=host_s)
     save(cost)
     _CHECKED.add(digest)
     return cost
+
+
+def announce_calibration(model: ModelBackend, reason: str) -> None:
+    """Say on stderr, in one line, that a calibration starts: what, why, how long, where it is cached.
+
+    Args:
+        model: The model being calibrated.
+        reason: Why (no cached cost model, a stale one, a refresh).
+    """
+    print(
+        f"specframe: measuring what a model call of {model.name or type(model).__name__!r} costs on this machine "
+        f'({reason}), which width/schedule "auto" chooses by; this takes a few seconds, once: the result is '
+        f"cached in {cache_dir() / 'costs'} (`specframe calibrate` does it ahead of time)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 #: Cache files this process has checked for staleness or calibrated (each is checked once per process).

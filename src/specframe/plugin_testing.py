@@ -8,6 +8,8 @@ subprocess's specframe discovers the plugin exactly as after ``pip install``::
     result = run_with(site, ["-m", "specframe.cli", "plugins"])
     assert "lowest-confidence" in result.stdout
 
+:func:`registered_fixture` makes a pytest fixture that keeps a plugin registered for a whole test session
+(or module), so that module- and session-scoped fixtures (a loaded model of a backend plugin) can use it too;
 :func:`torch_threads` runs a block (a test session) with a given number of torch threads. Random model
 checkpoints for tests come from :mod:`specframe.models.testing`, and the exact plain-AR distribution that a
 sampling test compares outputs with from :mod:`specframe.ar_reference`.
@@ -19,12 +21,13 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from specframe.plugins import LOAD_ENV
+from specframe.plugins import LOAD_ENV, plugin_registered
 
 
 def install_distribution(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path:
@@ -69,3 +72,44 @@ def torch_threads(count: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(saved)
+
+
+def registered_fixture(
+    plugin: object, name: str, *, scope: str = "session", autouse: bool = True, fixture_name: str | None = None
+) -> Callable[..., Any]:
+    """A pytest fixture that keeps ``plugin`` registered for ``scope`` (default: the whole session).
+
+    A function-scoped fixture around :func:`~specframe.plugins.plugin_registered` registers the plugin only
+    after pytest has set up the module- and session-scoped fixtures (higher scopes come first), so a
+    module-scoped fixture that loads a model of a backend plugin, or composes a decoder with a plugin
+    schedule, would not find it. Assign the result to a name in ``conftest.py``::
+
+        import my_plugin
+        from specframe.plugin_testing import registered_fixture
+
+        my_plugin_registered = registered_fixture(my_plugin, "my_plugin")
+
+    As with :func:`~specframe.plugins.plugin_registered`, a plugin whose entry point is already loaded is
+    left as it is.
+
+    Args:
+        plugin: The plugin object (module or instance).
+        name: The name to register it under (its entry-point name).
+        scope: ``"session"``, ``"package"``, ``"module"``, ``"class"`` or ``"function"``.
+        autouse: Whether every test in the fixture's reach uses it without asking.
+        fixture_name: The fixture's name (default: ``<name>_registered``, with ``-`` and ``.`` made ``_``).
+
+    Raises:
+        ImportError: Without pytest.
+    """
+    import pytest
+
+    fixture_name = fixture_name or name.replace("-", "_").replace(".", "_") + "_registered"
+
+    def registered() -> Iterator[None]:
+        with plugin_registered(plugin, name):
+            yield
+
+    registered.__name__ = fixture_name
+    registered.__doc__ = f"The plugin {name!r}, registered for the {scope} (specframe.plugin_testing)."
+    return pytest.fixture(scope=scope, autouse=autouse, name=fixture_name)(registered)

@@ -132,6 +132,9 @@ class Registry:
     def __init__(self) -> None:
         self._entries: dict[str, dict[tuple[str, str | None], list[PluginEntry]]] = {k: {} for k in KINDS}
         self.failures: list[PluginFailure] = []
+        #: Installed entry points that ``SPECFRAME_LOAD_PLUGINS`` left out (consulted only to explain an
+        #: unknown name).
+        self.excluded: list[metadata.EntryPoint] = []
 
     def add(self, entry: PluginEntry) -> None:
         """Add an entry (duplicates are kept and reported when their name is used)."""
@@ -175,7 +178,7 @@ class Registry:
                     f"{label} {name!r} is only available for model famil{'y' if len(others) == 1 else 'ies'} "
                     f"{', '.join(map(repr, others))}, not {family!r}"
                 )
-            hint = self._failure_hint()
+            hint = self._excluded_hint(kind, name) + self._failure_hint()
             plural = label[:-1] + "ies" if label.endswith("y") else label + "s"
             raise UnknownPluginError(f"unknown {label} {name!r}; known {plural}: {known}{hint}")
         if len(group) > 1:
@@ -192,6 +195,22 @@ class Registry:
             raise DuplicatePluginError(f"{label} {name!r} is registered by both {owners}; {remedy}")
         return group[0]
 
+    def _excluded_hint(self, kind: str, name: str) -> str:
+        """Which installed but excluded distributions register ``name`` (an empty string when none does).
+
+        Only now, to explain an unknown name, are the excluded entry points imported, and only to call
+        their hook with a register that records names; nothing they register is kept.
+        """
+        owners = sorted({_distribution(ep) for ep in self.excluded if name in _names_registered(ep, kind)})
+        if not owners:
+            return ""
+        selection = os.environ.get(LOAD_ENV, "")
+        dists = " and ".join(map(repr, owners))
+        return (
+            f" ({KINDS[kind][1]} {name!r} comes from the installed distribution {dists}, which {LOAD_ENV}="
+            f"{selection!r} excludes; add {owners[0]!r} to {LOAD_ENV} or unset it)"
+        )
+
     def _failure_hint(self) -> str:
         if not self.failures:
             return ""
@@ -207,6 +226,7 @@ class PluginHost:
         self._distributions: dict[str, str] = {}
         self._registry: Registry | None = None
         self.failures: list[PluginFailure] = []
+        self.excluded: list[metadata.EntryPoint] = []  # entry points SPECFRAME_LOAD_PLUGINS left out
         for module_name in BUILTIN_PLUGINS:
             self._register_module(module_name, module_name, BUILTIN_DISTRIBUTION)
         if load_entry_points:
@@ -228,6 +248,7 @@ class PluginHost:
             distribution = ep.dist.name if ep.dist is not None else "<unknown>"
             installed |= {ep.name, distribution}
             if wanted is not None and ep.name not in wanted and distribution not in wanted:
+                self.excluded.append(ep)
                 continue
             if self.pm.has_plugin(ep.name):
                 continue
@@ -294,6 +315,7 @@ class PluginHost:
     def _collect(self) -> Registry:
         registry = Registry()
         registry.failures.extend(self.failures)
+        registry.excluded.extend(self.excluded)
         for kind, (hook_name, _) in KINDS.items():
             caller = getattr(self.pm.hook, hook_name)
             for impl in caller.get_hookimpls():  # in registration order
@@ -353,6 +375,26 @@ def _make_register(registry: Registry, kind: str, plugin: str, distribution: str
         registry.add(PluginEntry(kind, name, factory, plugin, distribution, MappingProxyType(dict(extras))))
 
     return register
+
+
+def _distribution(ep: metadata.EntryPoint) -> str:
+    return ep.dist.name if ep.dist is not None else "<unknown>"
+
+
+def _names_registered(ep: metadata.EntryPoint, kind: str) -> set[str]:
+    """The names an entry point's plugin registers for ``kind`` (empty if it cannot be imported or called)."""
+    names: set[str] = set()
+
+    def record(name: object, factory: object = None, **extras: object) -> None:
+        names.add(str(name))
+
+    try:
+        hook = getattr(ep.load(), KINDS[kind][0], None)
+        if callable(hook):
+            hook(register=record)
+    except Exception:  # a broken excluded plugin only loses the hint
+        return set()
+    return names
 
 
 def _wanted_entry_points() -> set[str] | None:

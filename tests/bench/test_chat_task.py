@@ -35,7 +35,9 @@ def test_generate_chat_sends_the_prompt_through_the_template(chat_model, capsys)
 
 def test_generate_chat_without_a_template_is_a_one_line_error(tiny_nemotron_dir, capsys):
     assert load_model(tiny_nemotron_dir).tokenizer.chat_template is None
-    assert main(["generate", "--model", str(tiny_nemotron_dir), "--chat", "--max-new-tokens", "2", "Hello"]) == 1
+    # (a fixed width: under "auto" a first calibration announces itself on a line of its own)
+    args = ["generate", "--model", str(tiny_nemotron_dir), "--chat", "--width", "2", "--max-new-tokens", "2", "Hello"]
+    assert main(args) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--chat" in err and "chat template" in err
     assert main(["generate", "--model", str(tiny_nemotron_dir), "--chat", "--prompt-ids", "1,2"]) == 1

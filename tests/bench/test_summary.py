@@ -152,3 +152,19 @@ def test_the_report_says_how_many_responses_acc_is_over(graded, expected):
 
     text = legend({"methods": [{"method": "ar", "responses": 12, "graded": graded}]})
     assert expected in text.splitlines() and "non-model: decoder time outside model calls" in text
+
+
+def test_the_report_says_why_acc_is_zero_everywhere():
+    from specframe.bench.report import legend
+
+    def methods(*accuracies):
+        return {
+            "methods": [
+                {"method": f"m{i}", "responses": 12, "graded": 6, "accuracy": a} for i, a in enumerate(accuracies)
+            ]
+        }
+
+    assert "acc % is 0.0 for every method: no graded response passed" in legend(methods(0.0, 0.0))
+    assert "tiny model" in legend(methods(0.0, 0.0))
+    assert "acc % is 0.0" not in legend(methods(0.0, 50.0))  # a real difference needs no excuse
+    assert "acc % is 0.0" not in legend({"methods": [{"method": "ar", "responses": 12, "graded": 0}]})

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
 from specframe import compose
 from specframe.errors import ConfigError
-from specframe.models.threads import PARAMETERS_PER_THREAD, apply_threads, choose_threads, default_threads
+from specframe.models.threads import (
+    PARAMETERS_PER_THREAD,
+    apply_threads,
+    choose_threads,
+    default_threads,
+    model_parameters,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -76,3 +84,53 @@ def test_compose_sets_threads_and_rejects_bad_values(tmp_path, monkeypatch):
     assert torch.get_num_threads() == 2
     with pytest.raises(ConfigError, match="threads"):
         compose({"model": model, "schedule": "ar", "threads": 0})
+
+
+def test_num_parameters_is_part_of_the_backend_interface():
+    from specframe.models.base import ModelBackend
+
+    assert ModelBackend.num_parameters is None  # documented; None means "count it"
+    assert "num_parameters" in ModelBackend.__doc__
+
+
+def test_a_backend_without_num_parameters_is_sized_by_the_modules_it_holds(monkeypatch):
+    from specframe.models.base import ModelBackend
+
+    monkeypatch.setattr("specframe.models.threads.PARAMETERS_PER_THREAD", 100)
+    monkeypatch.setattr("specframe.models.threads.machine_cores", lambda: 4)
+    monkeypatch.setattr("specframe.models.threads.busy_cores", lambda: 0)
+
+    class Held(ModelBackend):
+        def __init__(self):
+            self.network = torch.nn.Linear(20, 10)  # 210 parameters
+            self.head = self.network  # shared: counted once
+
+    class Module(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = torch.nn.Linear(30, 10)  # 310 parameters
+
+    assert model_parameters(Held()) == 210
+    assert model_parameters(Module()) == 310
+    torch.set_num_threads(1)
+    assert apply_threads(Held(), None) == 2  # 210 // 100, not torch's count left alone
+
+
+def test_a_backend_with_nothing_to_count_runs_on_one_thread_and_is_told_once(monkeypatch):
+    from specframe.models.base import ModelBackend
+
+    monkeypatch.setattr("specframe.models.threads.machine_cores", lambda: 2)
+    monkeypatch.setattr("specframe.models.threads.busy_cores", lambda: 0)
+
+    class Remote(ModelBackend):
+        pass
+
+    torch.set_num_threads(2)
+    with pytest.warns(UserWarning, match="Remote sets no num_parameters"):
+        assert apply_threads(Remote(), None) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert model_parameters(Remote()) == 0  # once per backend class
+        declared = Remote()
+        declared.num_parameters = 10**9
+        assert model_parameters(declared) == 10**9

@@ -5,18 +5,12 @@ from __future__ import annotations
 import pytest
 import specframe_adaptive_packed
 
-from specframe.plugin_testing import torch_threads
-from specframe.plugins import plugin_registered
-
+from specframe.plugin_testing import registered_fixture, torch_threads
 
 # --8<-- [start:registered]
-@pytest.fixture(autouse=True)
-def adaptive_packed_registered():
-    """The plugin module, registered for each test unless its entry point already did (see SPECFRAME_LOAD_PLUGINS)."""
-    with plugin_registered(specframe_adaptive_packed, "adaptive_packed"):
-        yield
-
-
+# The plugin module, registered for the whole session (so module-scoped fixtures see it too) unless its entry
+# point already did (see SPECFRAME_LOAD_PLUGINS).
+adaptive_packed_registered = registered_fixture(specframe_adaptive_packed, "adaptive_packed")
 # --8<-- [end:registered]
 
 

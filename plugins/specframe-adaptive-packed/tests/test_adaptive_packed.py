@@ -119,7 +119,9 @@ def test_options_are_validated_and_described(models):
         compose({"model": model, "schedule": {"name": "adaptive-packed", "patience": 0}})
     with pytest.raises(ConfigError, match="does not take option"):
         compose({"model": model, "schedule": {"name": "adaptive-packed", "threshold": 0.5}})
-    decoder = compose({"model": model, "schedule": {"name": "adaptive-packed", "cooldown": 2}})
+    with pytest.raises(ConfigError, match="cannot have its width chosen"):  # no cost model chooses it
+        compose({"model": model, "schedule": {"name": "adaptive-packed", "cooldown": 2}})
+    decoder = compose({"model": model, "schedule": {"name": "adaptive-packed", "cooldown": 2}, "width": 8})
     assert decoder.describe()["schedule"] == {
         "name": "adaptive-packed",
         "min_width": 2,
@@ -135,6 +137,8 @@ class CountingModel(ModelBackend):
     position ``p`` counts on from the visible clean row nearest before it (cached or in the call); when
     ``hard(p)`` holds and that row is not ``p - 1``, it is off by one, so drafts at hard positions fail.
     """
+
+    num_parameters = 1_000  # a scripted stand-in: the thread policy gives it one thread
 
     family = NEMOTRON
 

@@ -1,11 +1,16 @@
 """Figure-3-style plots: each metric as a ratio to (or difference from) the baseline with 95% interval bars.
 
 One bar group per schedule, one bar per width inside the group; a dashed line marks "same as the baseline"
-(1 for ratios, 0 for differences). Rendered with matplotlib's Agg backend (no display needed).
+(1 for ratios, 0 for differences). Long schedule names (a plugin's, with options) are wrapped at their
+``:`` and ``,`` and slanted so that they do not run into each other. A metric whose every comparison is
+exactly "no difference" (typically the accuracy of lossless methods, or of responses none of which pass)
+is left out: its panel would be a bare line. ``comparison.png`` lays the panels out in a grid of at most
+:data:`GRID_COLUMNS` columns. Rendered with matplotlib's Agg backend (no display needed).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +24,36 @@ PANELS: tuple[tuple[str, str], ...] = (
     ("wall_diff_s", "Wall-time difference (s)"),
     ("accuracy_diff_points", "Accuracy difference (points)"),
 )
+
+
+#: Columns of the panel grid of ``comparison.png``.
+GRID_COLUMNS = 3
+#: Characters per line of a wrapped schedule name under its bar group.
+LABEL_WIDTH = 16
+
+
+def tick_label(schedule: str, width: int = LABEL_WIDTH) -> str:
+    """``schedule`` wrapped after its ``:`` and ``,`` into lines of about ``width`` characters."""
+    parts, current = [], ""
+    for piece in schedule.replace(":", ":\0").replace(",", ",\0").split("\0"):
+        if current and len(current) + len(piece) > width:
+            parts.append(current)
+            current = ""
+        current += piece
+    parts.append(current)
+    return "\n".join(parts)
+
+
+def _flat(summary: Mapping[str, Any], key: str) -> bool:
+    """Whether every comparison of ``key`` is exactly "same as the baseline" (a bare line if drawn)."""
+    reference = 1.0 if COMPARISONS[key][0] == "ratio" else 0.0
+    values = [
+        value
+        for _, bars in _groups(summary, key)
+        for _, est in bars
+        for value in (est["estimate"], est.get("low", reference), est.get("high", reference))
+    ]
+    return all(value == reference for value in values)
 
 
 def _groups(summary: Mapping[str, Any], key: str) -> list[tuple[str, list[tuple[str, Mapping[str, Any]]]]]:
@@ -69,7 +104,12 @@ def _draw(ax: Any, summary: Mapping[str, Any], key: str, title: str) -> bool:
     if reference == 1.0:
         ax.set_ylim(bottom=min(0.0, ax.get_ylim()[0]))
     ax.set_xticks(ticks)
-    ax.set_xticklabels(tick_labels)
+    labels = [tick_label(name) for name in tick_labels]
+    slanted = len(labels) > 2 or any(len(line) > 8 for label in labels for line in label.splitlines())
+    if slanted:
+        ax.set_xticklabels(labels, rotation=30, ha="right", rotation_mode="anchor", fontsize=8)
+    else:
+        ax.set_xticklabels(labels, fontsize=8)
     ax.set_title(title, fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles, strict=True))
@@ -96,23 +136,30 @@ def plot_comparisons(summary: Mapping[str, Any], folder: str | Path, *, title: s
 
     folder = Path(folder)
     written: list[Path] = []
-    panels = [(k, t) for k, t in PANELS if _groups(summary, k)]
+    panels = [(k, t) for k, t in PANELS if _groups(summary, k) and not _flat(summary, k)]
     if not panels:
         return written
     (folder / "plots").mkdir(parents=True, exist_ok=True)
     baseline = summary.get("baseline", "baseline")
     for key, label in panels:
-        fig, ax = plt.subplots(figsize=(4.5, 3.2))
+        fig, ax = plt.subplots(figsize=(5.0, 4.0))
         _draw(ax, summary, key, f"{label} vs {baseline}")
         fig.tight_layout()
         path = folder / "plots" / f"{key}.png"
         fig.savefig(path, dpi=120)
         plt.close(fig)
         written.append(path)
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
-    for ax, (key, label) in zip(axes[0], panels, strict=True):
+    rows = math.ceil(len(panels) / GRID_COLUMNS)
+    columns = math.ceil(len(panels) / rows)  # balanced: four panels are 2 x 2, five 3 + 2
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 4.0 * rows), squeeze=False)
+    cells = list(axes.flat)
+    for ax, (key, label) in zip(cells, panels, strict=False):
         _draw(ax, summary, key, label)
-    fig.suptitle(f"{title}vs {baseline}; 95% paired bootstrap intervals", fontsize=10)
+    for ax in cells[len(panels) :]:
+        ax.axis("off")
+    flat = [t for k, t in PANELS if _groups(summary, k) and _flat(summary, k)]
+    note = f"\nnot plotted, no difference for any method: {', '.join(flat)}" if flat else ""
+    fig.suptitle(f"{title}vs {baseline}; 95% paired bootstrap intervals{note}", fontsize=10)
     fig.tight_layout()
     path = folder / "comparison.png"
     fig.savefig(path, dpi=120)

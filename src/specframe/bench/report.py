@@ -113,6 +113,11 @@ def legend(summary: Mapping[str, Any]) -> str:
         accuracy = f"acc %: graded responses that pass ({graded} of {responses} per method graded, the rest speed-only)"
     else:
         accuracy = "acc %: responses that pass the task's grader"
+    if graded and all(m.get("graded") and not m.get("accuracy") for m in methods):
+        accuracy += (
+            "\nacc % is 0.0 for every method: no graded response passed (expected of a tiny model such as the "
+            "bundled 4M-parameter ones, which rarely write a working function); the speed columns stand regardless"
+        )
     return (
         "non-model: decoder time outside model calls; rows max: the widest call; accept len: tokens per verified "
         f"draft\n{accuracy}\n(every column: docs/user-guide/cli.md, 'Reading the report')"

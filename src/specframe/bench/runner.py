@@ -101,8 +101,13 @@ def make_record(
     seed: int,
     result: Generation,
     correct: bool | None,
+    schedule_description: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``records.jsonl`` entry of one response."""
+    """The ``records.jsonl`` entry of one response.
+
+    ``schedule_description`` is the method's ``schedule.describe()`` (its name and options, as the schedule
+    reports them), taken when the decoder was composed.
+    """
     verifications = result.metrics.verifications
     longest = max((v.drafted for v in verifications), default=0)
     reached = [sum(1 for v in verifications if v.drafted > rank) for rank in range(longest)]
@@ -115,6 +120,7 @@ def make_record(
         "schedule": method.schedule,
         "schedule_name": method.name,
         "schedule_options": method.options,
+        "schedule_description": dict(schedule_description or {"name": method.name}),
         "width": method.width,
         "method": method.label,
         "order": settings.order,
@@ -189,6 +195,8 @@ def run_bench(
             log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
         model = model if model is not None else _load_model(settings)
         decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
+        # Before any request (warm-up included): a schedule that learns (auto) would describe what it has seen.
+        described = {method: decoder.schedule.describe() for method, decoder in decoders.items()}
         check_prompt_lengths(model, settings, list({ex.index: ex for ex, _, _ in todo}.values()))
         run = {
             "settings": settings.to_dict(),
@@ -203,7 +211,7 @@ def run_bench(
         write_json(folder / RUN_FILE, run)
         _warm_up(decoders, chosen, settings)
         with RecordWriter(folder / RECORDS_FILE) as writer:
-            for record in _generate(todo, decoders, task, settings, model, progress):
+            for record in _generate(todo, decoders, described, task, settings, model, progress):
                 writer.write(record)
                 records.append(record)
     else:
@@ -272,6 +280,7 @@ def _generate_one(decoder: Decoder, example: Example, method: Method, settings: 
 def _generate(
     todo: list[tuple[Example, int, Method]],
     decoders: Mapping[Method, Decoder],
+    described: Mapping[Method, Mapping[str, Any]],
     task: Task,
     settings: BenchSettings,
     model: ModelBackend,
@@ -288,6 +297,6 @@ def _generate(
             correct = task.grade(example, answer_text(model, result.output_ids)) if task.graded else None
             bar.set_postfix_str(f"{method.label} p{example.index}", refresh=False)
             bar.update()
-            yield make_record(settings, example, repeat, method, seed, result, correct)
+            yield make_record(settings, example, repeat, method, seed, result, correct, described[method])
     finally:
         bar.close()

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
         model,
         refresh=args.refresh,
         host_s=lambda: decoder_overhead(model, decoder.builder, decoder.order, decoder.rule),
+        announce=False,  # asked for: what it measured is printed next
     )
     if args.json:
         print(json.dumps({**cost.to_dict(), "cache_file": str(cache_path(cost.key))}))

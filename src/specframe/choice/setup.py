@@ -18,7 +18,7 @@ from specframe.schedules.linear import LinearSchedule
 from specframe.schedules.packed import PackedSchedule
 from specframe.schedules.quadratic import QuadraticSchedule
 
-#: ``width: "auto"`` for a schedule that does not choose its width means this fixed width.
+#: ``width: "auto"`` for a built-in schedule whose width no cost model chooses (``native``) means this width.
 DEFAULT_WIDTH = 8
 
 # Built-in schedules whose width "auto" chooses, and the candidates it chooses among (W = 0: AR calls).
@@ -62,13 +62,14 @@ def resolve(
     A built-in ``packed``, ``linear``, ``quadratic`` or ``kbranch`` with ``width: "auto"`` becomes an
     :class:`AutoSchedule` over its own widths (``packed`` also over plain AR calls); ``schedule: "auto"``
     chooses among its candidates at the given width, or at every width under ``"auto"``. Other schedules
-    take ``"auto"`` as :data:`DEFAULT_WIDTH`. An auto schedule is bound to ``cost`` (a mapping or
-    :class:`CostModel`), or to this machine's cached cost model, calibrated first if there is none.
+    take ``"auto"`` as their declared ``auto_width`` (see :func:`fixed_width`). An auto schedule is bound
+    to ``cost`` (a mapping or :class:`CostModel`), or to this machine's cached cost model, calibrated first
+    if there is none.
     """
     if width == "auto" and type(schedule) in _AUTO_WIDTH_KINDS:
         schedule = AutoSchedule(getattr(schedule, "k", 2), kinds=_AUTO_WIDTH_KINDS[type(schedule)], name=schedule_name)
     if not isinstance(schedule, AutoSchedule):
-        return schedule, DEFAULT_WIDTH if width == "auto" else int(width)
+        return schedule, fixed_width(schedule, schedule_name) if width == "auto" else int(width)
     if width != "auto":
         schedule.widths = (int(width),)
     decoder_width = min(AUTO_MAX_WIDTH, model.max_positions + 1) if width == "auto" else int(width)
@@ -78,6 +79,26 @@ def resolve(
         cost = cost_model_for(model, host_s=lambda: decoder_overhead(model, builder, order, rule))
     schedule.bind(cost, lambda plan: builder.build(plan).num_rows)
     return schedule, decoder_width
+
+
+def fixed_width(schedule: Schedule, schedule_name: str) -> int:
+    """The width ``width: "auto"`` means for a schedule whose width no cost model chooses: its ``auto_width``.
+
+    Raises:
+        ConfigError: If the schedule declares none (a plugin schedule, by default): running it at a width
+            nobody chose, while the run is reported as ``auto``, would mislabel it.
+    """
+    declared = getattr(schedule, "auto_width", None)
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1:
+        return declared
+    if declared is not None:
+        raise ConfigError(f"schedule {schedule_name!r} declares auto_width={declared!r}; it must be an integer >= 1")
+    kinds = ", ".join(sorted({k for kinds in _AUTO_WIDTH_KINDS.values() for k in kinds} - {"ar"}))
+    raise ConfigError(
+        f'schedule {schedule_name!r} cannot have its width chosen: width "auto" (the default) chooses widths '
+        f"only for {kinds} and auto; give a width (width: 8, --width 8, bench --widths 8), or, as the schedule's "
+        'author, declare the width it runs at under "auto" with the class attribute auto_width'
+    )
 
 
 def decoder_overhead(

@@ -54,6 +54,11 @@ class ModelBackend:
         head_dim: Size of one attention head.
         tokenizer: Tokenizer, or ``None`` if the checkpoint ships none (then only token ids can be decoded).
         has_adapter: Whether a proposal-only adapter (LoRA) is loaded.
+        num_parameters: The network's parameter count, which sizes the CPU thread policy
+            (:mod:`specframe.models.threads`: one thread per 64M parameters, at most the free cores). ``None``
+            (the default): counted from the ``torch.nn.Module`` parameters of the backend or of the modules
+            it holds as attributes; a backend with neither runs on one thread, with a one-time warning.
+            Set it when the weights live elsewhere (a remote service, a compiled artefact).
     """
 
     family: str = ""
@@ -68,6 +73,7 @@ class ModelBackend:
     head_dim: int = 0
     tokenizer: TextTokenizer | None = None
     has_adapter: bool = False
+    num_parameters: int | None = None
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
 

@@ -13,11 +13,17 @@ core than alone. The policy therefore is:
    neighbour's busy core is not also given to a spinning torch thread.
 
 The bundled 4M-parameter models therefore run on one thread; a 156M-parameter model gets up to two.
+
+A model's size is its backend's ``num_parameters`` (part of the
+:class:`~specframe.models.base.ModelBackend` interface); a backend that leaves it unset is measured from its
+``torch.nn.Module`` parameters (the backend itself, or the modules it holds as attributes), and one with no
+modules at all is taken as a small model (:data:`UNKNOWN_PARAMETERS`, one thread) with a one-time warning.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 
@@ -25,6 +31,11 @@ from specframe.errors import ConfigError
 
 PARAMETERS_PER_THREAD = 64_000_000
 """Parameters one thread is given before a second one pays for its synchronisation."""
+
+UNKNOWN_PARAMETERS = 0
+"""The size assumed for a backend whose parameters cannot be counted: a small model, so one thread."""
+
+_WARNED: set[type] = set()
 
 
 def machine_cores() -> int:
@@ -111,25 +122,51 @@ def check_omp_threads(value: str) -> int:
     return int(first)
 
 
+def model_parameters(model: object) -> int:
+    """The parameter count the thread policy sizes ``model`` by.
+
+    ``model.num_parameters`` when the backend sets it (a positive integer); else the parameters of the
+    backend if it is a ``torch.nn.Module``, or of the modules it holds as attributes (each tensor counted
+    once); else :data:`UNKNOWN_PARAMETERS`, with a :class:`UserWarning` once per backend class that says how
+    to set it.
+    """
+    declared = getattr(model, "num_parameters", None)
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared > 0:
+        return declared
+    modules = [model] if isinstance(model, torch.nn.Module) else []
+    modules += [v for v in getattr(model, "__dict__", {}).values() if isinstance(v, torch.nn.Module)]
+    seen: dict[int, int] = {}
+    for module in modules:
+        for parameter in module.parameters():
+            seen[id(parameter)] = parameter.numel()
+    if seen:
+        return sum(seen.values())
+    if type(model) not in _WARNED:
+        _WARNED.add(type(model))
+        warnings.warn(
+            f"model backend {type(model).__name__} sets no num_parameters and holds no torch.nn.Module, so the "
+            "thread policy takes it for a small model and runs it on one thread; set num_parameters on the "
+            "backend (or pass threads / --threads) to size it",
+            stacklevel=3,
+        )
+    return UNKNOWN_PARAMETERS
+
+
 def apply_threads(model: object, threads: int | None) -> int:
     """Set torch's intra-op thread count for ``model`` per :func:`choose_threads`; returns the count in effect.
 
     The policy's choice is made once per model (stored as ``model.threads``), so composing more decoders on
-    a model later -- when this process's own work has raised the load average -- does not lower it. A
-    backend without a ``num_parameters`` attribute leaves torch's count alone unless ``threads`` is given.
-    torch's thread count is process-wide: the last decoder composed decides it.
+    a model later -- when this process's own work has raised the load average -- does not lower it. The
+    model's size is :func:`model_parameters`. torch's thread count is process-wide: the last decoder
+    composed decides it.
 
     Raises:
         ConfigError: If ``threads`` is not an integer from 1 to the machine's cores.
     """
-    parameters = getattr(model, "num_parameters", None)
     if threads is None:
-        remembered = getattr(model, "threads", None)
-        if remembered is not None:
-            threads = remembered
-        elif not parameters:
-            return torch.get_num_threads()
-    chosen = choose_threads(threads, int(parameters or 0))
+        threads = getattr(model, "threads", None)  # the policy's earlier choice for this model
+    sized = threads is None and not os.environ.get("OMP_NUM_THREADS")
+    chosen = choose_threads(threads, model_parameters(model) if sized else 0)
     if chosen is not None:
         if chosen != torch.get_num_threads():
             torch.set_num_threads(chosen)

@@ -29,6 +29,13 @@ class Schedule(ABC):
     #: ``"auto"`` (or 1) for a schedule that sets this to False, such as ``ar``, rather than ignore it.
     takes_width: bool = True
 
+    #: The fixed width W this schedule runs at under ``width: "auto"`` (the default), for a schedule whose
+    #: width no cost model chooses. ``None`` (the default): ``"auto"`` is a ``ConfigError`` that asks for a
+    #: width, so a plugin schedule never runs at a width nobody chose while its runs are labelled ``auto``.
+    #: The built-in ``native`` schedules set 8. (``packed``, ``linear``, ``quadratic``, ``kbranch`` and
+    #: ``auto`` have their widths chosen per call; ``ar`` takes none.)
+    auto_width: int | None = None
+
     @abstractmethod
     def plan(self, state: DecodeState) -> CallPlan:
         """The next call to make (only called while ``state.done`` is False)."""

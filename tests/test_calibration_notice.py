@@ -1,0 +1,51 @@
+"""A calibration announces itself with one line on stderr; a cached cost model is used silently."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from specframe import costs
+from specframe.costs import CostModel, cost_model_for
+
+
+@pytest.fixture
+def fake_calibration(monkeypatch, tmp_path):
+    monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
+    calls = []
+
+    def calibrate(model, host_s=None):
+        calls.append(model)
+        return CostModel.from_mapping({"tau": 0.001, "delta": 0.0001})
+
+    monkeypatch.setattr(costs, "calibrate", calibrate)
+    monkeypatch.setattr(costs, "model_key", lambda model: {"model": model.name})
+    monkeypatch.setattr(costs, "save", lambda cost: None)
+    return calls
+
+
+MODEL = SimpleNamespace(name="tiny-model")
+
+
+def test_a_calibration_says_what_why_how_long_and_where_it_is_cached(fake_calibration, capsys, tmp_path):
+    cost_model_for(MODEL)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and fake_calibration == [MODEL]
+    for words in ("measuring what a model call of 'tiny-model' costs", "not measured on this machine yet",
+                  'width/schedule "auto"', "a few seconds, once", f"cached in {tmp_path / 'costs'}",
+                  "`specframe calibrate`"):  # fmt: skip
+        assert words in err, err
+    cost_model_for(MODEL, refresh=True)
+    assert "asked to measure again" in capsys.readouterr().err
+
+
+def test_a_cached_cost_model_is_used_silently_and_announce_false_is_quiet(fake_calibration, capsys, monkeypatch):
+    cached = CostModel.from_mapping({"tau": 0.002, "delta": 0.0001})
+    monkeypatch.setattr(costs, "load_cached", lambda key: cached)
+    monkeypatch.setattr(costs, "shape_drift", lambda model, cost: 1.0)
+    monkeypatch.setattr(costs, "_CHECKED", set())
+    assert cost_model_for(MODEL) is cached
+    assert capsys.readouterr().err == "" and not fake_calibration
+    cost_model_for(MODEL, refresh=True, announce=False)
+    assert capsys.readouterr().err == "" and fake_calibration == [MODEL]
