@@ -147,7 +147,7 @@ def test_help_says_what_each_command_does_and_the_defaults_that_apply(capsys):
     assert "see `specframe" not in text and "COMMAND --help" in text
     assert "output length limit (default 256)" in _help(capsys, "generate")
     bench = _help(capsys, "bench")  # bench's length default is the task's cap, not generate's 256
-    assert "default 256" not in bench and "the task's own cap: smoke 128, humaneval 512" in bench
+    assert "default 256" not in bench and "the task's own cap: smoke 128, chat 128, humaneval 512" in bench
 
 
 def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, checkpoints, tmp_path, monkeypatch):

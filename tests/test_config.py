@@ -39,7 +39,7 @@ def models(tmp_path_factory):
         ({"acceptance": 3}, "acceptance must be a name or a mapping"),
         ({"stop": "###"}, "stop must be a list"),
         ({"stop": [[]]}, "stop entries must be non-empty"),
-        ({"adapter": "yes"}, "adapter must be true or false"),
+        ({"adapter": "yes"}, "adapter must be true, false or null"),
         ({"device": "cpu"}, "device only apply when specframe loads the model"),
     ],
 )
