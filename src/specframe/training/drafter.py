@@ -306,18 +306,19 @@ def offset_agreement(
     generator = torch.Generator().manual_seed(1234)
     hits = torch.zeros(config.max_width + 1)
     counts = torch.zeros(config.max_width + 1)
-    losses = []
+    loss_sum, rows_seen = 0.0, 0
     for start in range(0, len(windows), config.batch_size):
         batch = block_batch(windows[start : start + config.batch_size], config, mask_id, generator)
         logits = block_logits(forward, batch, config.bf16)
         rows = batch.targets != -100
         targets, offsets = batch.targets[rows], batch.offsets[rows]
-        losses.append(float(F.cross_entropy(logits, targets)))
+        loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+        rows_seen += int(targets.numel())
         right = (logits.argmax(-1) == targets).float()
         hits.index_add_(0, offsets, right)
         counts.index_add_(0, offsets, torch.ones_like(right))
     agreement = {str(k): round(float(hits[k] / counts[k]), 4) for k in range(1, config.max_width + 1) if counts[k]}
-    return {"loss": round(sum(losses) / max(len(losses), 1), 4), "agreement": agreement}
+    return {"loss": round(loss_sum / max(rows_seen, 1), 4), "agreement": agreement}
 
 
 # -- the run ------------------------------------------------------------------------------------------------
