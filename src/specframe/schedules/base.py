@@ -29,6 +29,14 @@ class Schedule(ABC):
     #: ``"auto"`` (or 1) for a schedule that sets this to False, such as ``ar``, rather than ignore it.
     takes_width: bool = True
 
+    #: Whether the schedule commits only what the acceptance rule verified, so that the output is the
+    #: verifier's: ``True`` for the built-in speculative schedules, ``False`` for a lossy one (the ``native``
+    #: decoders), ``None`` when not declared (then not assumed exact). A schedule that is not declared
+    #: ``False`` may commit only tokens with a verdict (from :func:`verify_planned_chain`,
+    #: :func:`verify_and_propose` or :func:`accept_verdict`); the decoder raises a ``PluginError`` naming it
+    #: otherwise. A subclass of a built-in schedule declares its own (see :mod:`specframe.exactness`).
+    exact: bool | None = None
+
     @abstractmethod
     def plan(self, state: DecodeState) -> CallPlan:
         """The next call to make (only called while ``state.done`` is False)."""
