@@ -271,6 +271,7 @@ class Decoder:
         budget = 4 * (state.max_new_tokens + 2) * max(self.width, 1) + 8
         clock, sync = time.perf_counter, self._sync if model.device.type == "cuda" else _no_sync
         rows_per_call, choices = metrics.rows_per_call, metrics.choices
+        ledger = getattr(schedule, "exact", None) is not False  # a lossy schedule may commit unverified guesses
         sync()
         started = clock()
         try:
@@ -309,6 +310,8 @@ class Decoder:
                         f"update() returned {drafts_accepted!r}, not the number of chain tokens it accepted "
                         f"(an int from 0 to {len(plan.chain)}: the verdict's accepted)",
                     )
+                if ledger and state.offered != state.granted:
+                    raise contract_error(schedule, "schedule", _unverified(state))
                 state.calls += 1
                 self._commit(state, call, cache, drafts_accepted)
                 metrics.wall_s += clock() - started
@@ -443,6 +446,16 @@ def token_id_list(value: Any, name: str) -> list[int]:
         except TypeError:
             raise InputError(f"{hint}; entry {index} is {type(item).__name__} {item!r:.40}") from None
     return ids
+
+
+def _unverified(state: DecodeState) -> str:
+    """The ledger problem: tokens accepted into ``state`` without a verdict."""
+    extra = state.offered - state.granted
+    return (
+        f"it accepted {extra} token(s) more than the verifier's verdicts allowed ({state.offered} accepted, "
+        f"{state.granted} with a verdict); accept tokens only through verify_planned_chain, verify_and_propose "
+        "or accept_verdict, or declare the schedule lossy with exact = False"
+    )
 
 
 def _stop_reason(state: DecodeState, output: list[int], limit: int) -> str:

@@ -92,6 +92,9 @@ class DecodeState:
         start: The first output position (the prompt's length n).
         end: The last output position the length limit allows (``n + L - 1``).
         width: The width of the call being planned (``ctx.width`` unless a schedule choosing it per call sets it).
+        granted: Tokens verdicts allowed so far (what :func:`~specframe.schedules.base.accept_verdict`
+            passed on); with ``offered``, the ledger the decoder checks after every call.
+        offered: Tokens passed to :meth:`accept` so far.
     """
 
     prompt: tuple[int, ...]
@@ -102,6 +105,8 @@ class DecodeState:
     scores: dict[int, float] = field(default_factory=dict)
     verifications: list[Verification] = field(default_factory=list)
     calls: int = 0
+    granted: int = 0
+    offered: int = 0
 
     def __post_init__(self) -> None:
         self.prompt = tuple(int(t) for t in self.prompt)
@@ -212,6 +217,7 @@ class DecodeState:
         """
         new: list[int] = []
         tokens, eos, end, start = self.tokens, self.ctx.eos_token_ids, self.end, self.start
+        self.offered += len(pairs)
         for position, token in pairs:
             if position > self.end:
                 continue

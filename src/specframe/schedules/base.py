@@ -143,6 +143,7 @@ def accept_verdict(state: DecodeState, plan: CallPlan, chain: tuple[DraftRef, ..
     pairs = list(zip(plan.order[:accepted], plan.chain[:accepted], strict=True))  # the plan holds their tokens
     if token is not None:
         pairs.append((plan.order[accepted], token))
+    state.granted += len(pairs)
     kept = state.accept(pairs)
     state.record(drafted=len(chain), accepted=verdict.accepted, appended=kept)
     return len(pairs)
