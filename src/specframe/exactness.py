@@ -67,3 +67,17 @@ def width_changes_output(order: Any, rule: Any) -> bool:
         if component is rule and (getattr(rule, "stochastic", False) or declared_exact(rule) is not True):
             return True
     return False
+
+
+def inexact_reason(rule: Any, schedule: Any) -> str | None:
+    """Why a decoder with this rule and schedule is not exact, for people (``None`` when it is)."""
+    reasons = []
+    for label, component in (("schedule", schedule), ("acceptance rule", rule)):
+        declared = declared_exact(component)
+        if declared is not True:
+            name = getattr(component, "name", "") or type(component).__name__
+            said = "declares exact = False" if declared is False else "does not declare exact = True"
+            reasons.append(f"{label} {name!r} {said}")
+    if not reasons:
+        return None
+    return "not exact: " + " and ".join(reasons) + ", so the output is not the verifier's (the AR model's)"
