@@ -1,7 +1,9 @@
 """Figure-3-style plots: each metric as a ratio to (or difference from) the baseline with 95% interval bars.
 
 One bar group per schedule, one bar per width inside the group; a dashed line marks "same as the baseline"
-(1 for ratios, 0 for differences). Rendered with matplotlib's Agg backend (no display needed).
+(1 for ratios, 0 for differences). A schedule with a flagged comparison (not exact, or output that differed
+from the baseline's) is marked :data:`FLAGGED` on the axis and in the title. Rendered with matplotlib's Agg
+backend (no display needed).
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ PANELS: tuple[tuple[str, str], ...] = (
     ("accuracy_diff_points", "Accuracy difference (points)"),
 )
 
+#: Marks a schedule whose comparison is flagged (see :func:`specframe.bench.summary.summarize`).
+FLAGGED = "*"
+#: What the mark means, added to the figures' titles when one is drawn.
+FLAGGED_NOTE = f"{FLAGGED} not exact or output differs from the baseline's"
+
 
 def _groups(summary: Mapping[str, Any], key: str) -> list[tuple[str, list[tuple[str, Mapping[str, Any]]]]]:
     """``[(schedule, [(bar label, estimate), ...]), ...]`` for one metric, in report order."""
@@ -33,8 +40,15 @@ def _groups(summary: Mapping[str, Any], key: str) -> list[tuple[str, list[tuple[
         method = comparison["method"]
         width = widths.get(method)
         label = f"W={width}" if width is not None else method
-        by_schedule.setdefault(schedules.get(method, method), []).append((label, estimate))
+        schedule = schedules.get(method, method) + (FLAGGED if _flagged(summary, schedules.get(method)) else "")
+        by_schedule.setdefault(schedule, []).append((label, estimate))
     return list(by_schedule.items())
+
+
+def _flagged(summary: Mapping[str, Any], schedule: str | None) -> bool:
+    """Whether a comparison of one of ``schedule``'s methods is flagged."""
+    methods = {m["method"] for m in summary["methods"] if m["schedule"] == schedule}
+    return any(c.get("flagged") for c in summary["comparisons"] if c["method"] in methods)
 
 
 def _draw(ax: Any, summary: Mapping[str, Any], key: str, title: str) -> bool:
@@ -101,9 +115,10 @@ def plot_comparisons(summary: Mapping[str, Any], folder: str | Path, *, title: s
         return written
     (folder / "plots").mkdir(parents=True, exist_ok=True)
     baseline = summary.get("baseline", "baseline")
+    note = f"\n{FLAGGED_NOTE}" if any(c.get("flagged") for c in summary["comparisons"]) else ""
     for key, label in panels:
         fig, ax = plt.subplots(figsize=(4.5, 3.2))
-        _draw(ax, summary, key, f"{label} vs {baseline}")
+        _draw(ax, summary, key, f"{label} vs {baseline}{note}")
         fig.tight_layout()
         path = folder / "plots" / f"{key}.png"
         fig.savefig(path, dpi=120)
@@ -112,7 +127,7 @@ def plot_comparisons(summary: Mapping[str, Any], folder: str | Path, *, title: s
     fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
     for ax, (key, label) in zip(axes[0], panels, strict=True):
         _draw(ax, summary, key, label)
-    fig.suptitle(f"{title}vs {baseline}; 95% paired bootstrap intervals", fontsize=10)
+    fig.suptitle(f"{title}vs {baseline}; 95% paired bootstrap intervals{note}", fontsize=10)
     fig.tight_layout()
     path = folder / "comparison.png"
     fig.savefig(path, dpi=120)

@@ -101,8 +101,14 @@ def make_record(
     seed: int,
     result: Generation,
     correct: bool | None,
+    *,
+    stochastic: bool | None = None,
 ) -> dict[str, Any]:
-    """The ``records.jsonl`` entry of one response."""
+    """The ``records.jsonl`` entry of one response.
+
+    ``stochastic`` is the acceptance rule's flag: responses of rules that sample nothing are compared with
+    the baseline's token for token (see :func:`specframe.bench.summary.summarize`).
+    """
     verifications = result.metrics.verifications
     longest = max((v.drafted for v in verifications), default=0)
     reached = [sum(1 for v in verifications if v.drafted > rank) for rank in range(longest)]
@@ -124,6 +130,8 @@ def make_record(
         "output_ids": result.output_ids,
         "text": result.text,
         "stop_reason": result.stop_reason,
+        "exact": result.exact,
+        "stochastic": stochastic,
         "metrics": result.metrics.to_dict(),
         "acceptance_positions": {"reached": reached, "accepted": accepted},
         "correct": correct,
@@ -288,6 +296,7 @@ def _generate(
             correct = task.grade(example, answer_text(model, result.output_ids)) if task.graded else None
             bar.set_postfix_str(f"{method.label} p{example.index}", refresh=False)
             bar.update()
-            yield make_record(settings, example, repeat, method, seed, result, correct)
+            stochastic = bool(decoders[method].rule.stochastic)
+            yield make_record(settings, example, repeat, method, seed, result, correct, stochastic=stochastic)
     finally:
         bar.close()
