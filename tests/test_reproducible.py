@@ -87,7 +87,7 @@ def test_width_auto_with_output_dependent_on_width_never_calibrates(monkeypatch)
 
     monkeypatch.setattr(choice_setup, "cost_model_for", calibrate)
     decoder = compose({"model": "setdlm-stdlib-tiny", "order": "confidence", "max_new_tokens": 4})
-    assert decoder.schedule.deterministic
+    assert decoder.schedule.deterministic and decoder.describe()["schedule"]["deterministic"] is True
     assert decoder.schedule.cost == choice_setup.NOMINAL_COST
     decoder.generate(PROMPT)
 

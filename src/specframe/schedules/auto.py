@@ -204,7 +204,7 @@ class AutoSchedule(Schedule):
             deterministic: Choose from inputs that the request alone determines: ``cost`` as given (no
                 call is timed) and only this request's verifications (each request starts from nothing
                 learned). ``compose`` sets it where the widths change the output (see
-                :func:`specframe.choice.setup.width_changes_output`).
+                :func:`specframe.exactness.width_changes_output`).
         """
         self.cost = cost
         self._rows_of_plan = rows
@@ -217,8 +217,10 @@ class AutoSchedule(Schedule):
         self._times = None if deterministic or cost.source == "given" else CallTimes()
 
     def describe(self) -> dict[str, object]:
-        """Name, candidates and the pooled acceptance by offset."""
+        """Name, candidates, whether the choice is deterministic, and the pooled acceptance by offset."""
         out: dict[str, object] = {"name": self.name, "width": "auto" if self.widths is None else list(self.widths)}
+        if self.deterministic:
+            out["deterministic"] = True
         if self.name == "auto" or "kbranch" in self.kinds:
             out["candidates"] = list(self.kinds)
             out["k"] = self.k
