@@ -28,7 +28,7 @@ MACHINES = (
     CostModel(tau=5e-4, delta=2e-5, host_s=2e-3, host_row_s=1e-4, source="cache"),
 )
 
-SCHEDULES = ("packed", "linear", "quadratic", "kbranch", "auto")
+SCHEDULES = ("ar", "packed", "linear", "quadratic", "kbranch", "auto", "native")
 ACCEPTANCE = ("greedy", {"name": "rejection", "temperature": 1.0})
 PROMPT = "def fib(n):"
 LENGTH = 24
