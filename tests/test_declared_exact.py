@@ -80,3 +80,20 @@ def test_plugins_lists_each_native_with_its_family_options_and_exactness(capsys)
     assert packed["exact"] is True and packed["family"] is None
     rejection = next(e for e in entries if e["name"] == "rejection")
     assert rejection["exact"] is True and rejection["options"]["temperature"] == 1.0
+
+
+class _TypicalPlugin:
+    from specframe.hookspecs import hookimpl
+
+    @hookimpl
+    def register_acceptance_rules(self, register):
+        register("typical", _Typical)
+
+
+def test_a_plugin_rule_that_says_nothing_is_labelled_and_its_width_auto_reads_no_timing():
+    from specframe.plugins import plugin_registered
+
+    with plugin_registered(_TypicalPlugin(), "typical_plugin"):
+        decoder = compose({"model": "setdlm-stdlib-tiny", "acceptance": "typical", "max_new_tokens": 4})
+        assert decoder.exact is False and decoder.schedule.deterministic
+        assert decoder.generate("def f(").exact is False
