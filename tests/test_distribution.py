@@ -211,10 +211,24 @@ def test_the_exact_distribution_matches_the_models_own_calls(models):
         assert p == pytest.approx(float(first[token]), abs=1e-12)
 
 
-@pytest.mark.parametrize(("family", "schedule"), [(NEMOTRON, "auto"), (SETDLM, "packed"), (SETDLM, "auto")])
-def test_choices_per_call_sample_the_ar_distribution(models, family, schedule):
+@pytest.mark.parametrize(
+    ("family", "schedule", "learning", "delta"),
+    [
+        (NEMOTRON, "auto", True, 0.0004),
+        (SETDLM, "packed", True, 0.0004),
+        (SETDLM, "auto", True, 0.0004),
+        (NEMOTRON, "auto", False, 0.0003),
+    ],
+    ids=["nemotron-auto-learning", "setdlm-packed-learning", "setdlm-auto-learning", "nemotron-auto-per-request"],
+)
+def test_choices_per_call_sample_the_ar_distribution(models, family, schedule, learning, delta):
     """Width / schedule "auto" switch between AR calls and drafting candidates with the acceptance seen so far
-    (so the plan of a call depends on earlier random outcomes), and the output still follows AR sampling."""
+    (so the plan of a call depends on earlier random outcomes), and the output still follows AR sampling.
+
+    Under sampling ``compose`` makes the choice per request (``deterministic``: the tokens a seed gives must
+    not depend on earlier requests); ``learning`` turns that off, so that acceptance learned from earlier
+    requests' random outcomes steers later plans (as under greedy decoding), which must stay exact too.
+    """
     decoder = compose(
         {
             "model": models[family],
@@ -222,9 +236,11 @@ def test_choices_per_call_sample_the_ar_distribution(models, family, schedule):
             "acceptance": WARPS["t1"],
             "width": "auto",
             "max_new_tokens": LENGTH,
-            "cost": {"tau": 0.002, "delta": 0.0004},  # rows dear enough that AR calls win most of the time
+            "cost": {"tau": 0.002, "delta": delta},  # rows dear enough that AR calls win some of the time
         }
     )
+    assert decoder.schedule.deterministic
+    decoder.schedule.deterministic = not learning
     chosen: Counter = Counter()
 
     def generate(seed: int) -> list[int]:

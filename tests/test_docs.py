@@ -262,7 +262,13 @@ def test_tutorial_code_is_included_from_the_plugin_and_covers_its_module():
 def test_tutorial_entry_and_directory_match_the_plugin_package():
     name, entry_name, module_name = distribution(TUTORIAL_PLUGIN / "pyproject.toml")
     shown = json.loads(code_blocks(TUTORIAL, "json")[0])
-    assert shown == {"kind": "schedule", "name": "adaptive-packed", "plugin": entry_name, "distribution": name}
+    assert {k: shown[k] for k in ("kind", "name", "plugin", "distribution")} == {
+        "kind": "schedule",
+        "name": "adaptive-packed",
+        "plugin": entry_name,
+        "distribution": name,
+    }
+    assert shown["exact"] is True and shown["family"] is None
     module = importlib.import_module(module_name) if importlib.util.find_spec(module_name) else None
     if module is not None:
         host = PluginHost(load_entry_points=False)

@@ -100,6 +100,18 @@ class _FailsLater(PackedSchedule):
         return super().update(state, plan, result)
 
 
+class _CommitsOneMore(PackedSchedule):
+    """Verifies as Packed-SS does, then commits its first stored draft token too, which nothing verified."""
+
+    def update(self, state, plan, result):
+        accepted = super().update(state, plan, result)
+        position = state.leftmost_unresolved()
+        if position <= state.end and position in state.drafts:
+            ref = state.drafts[position]
+            state.accept([(position, ref.proposals.token_list[ref.row])])
+        return accepted
+
+
 class _Plugin:
     @hookimpl
     def register_schedules(self, register):
@@ -108,6 +120,7 @@ class _Plugin:
         register("update-none", _UpdateNone)
         register("accepts-nothing", _AcceptsNothing)
         register("plan-raises", _PlanRaises)
+        register("commits-one-more", _CommitsOneMore)
 
     @hookimpl
     def register_order_policies(self, register):
@@ -132,6 +145,11 @@ CASES = [
     ({"schedule": "update-none", "width": 3}, "schedule 'update-none'", "update() returned None"),
     ({"schedule": "accepts-nothing", "width": 3}, "schedule 'accepts-nothing'", "update() accepted nothing"),
     ({"schedule": "plan-raises", "width": 3}, "schedule 'plan-raises'", "RuntimeError: boom in plan while decoding"),
+    (
+        {"schedule": "commits-one-more", "width": 3},
+        "schedule 'commits-one-more'",
+        "accepted 1 token(s) more than the verifier's verdicts allowed",
+    ),
     ({"order": "drops-one", "width": 3}, "order policy 'drops-one'", "not a permutation"),
     ({"order": "claims-ltr", "width": 3}, "order policy 'claims-ltr'", "sets left_to_right = True, but order()"),
     ({"acceptance": "tuple-verdict", "width": 3}, "acceptance rule 'tuple-verdict'", "is a tuple, not a Verdict"),

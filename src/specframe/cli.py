@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from specframe.envflags import env_flag
 from specframe.errors import ConfigError, InputError, SpecframeError
+from specframe.exactness import inexact_reason
 from specframe.specs import comma_items, parse_spec
 
 # Subcommands implemented in other modules: name -> module with add_parser(subparsers) and run(args).
@@ -369,15 +370,18 @@ def run_generate(args: argparse.Namespace) -> int:
         from specframe.models.chat import chat_prompt
 
         prompt = chat_prompt(decoder.model.tokenizer, prompt)
+    inexact = inexact_reason(decoder.rule, decoder.schedule)
     if args.json:
         print(json.dumps(decoder.generate(prompt, prompt_ids=prompt_ids).to_dict()))
+        if inexact:
+            print(f"note: {inexact}", file=sys.stderr)
         return 0
     if decoder.model.tokenizer is None:  # no text to write: the ids, rather than an empty line
         result = decoder.generate(prompt, prompt_ids=prompt_ids)
         print(",".join(map(str, result.output_ids)))
         note = f"note: model {decoder.model.name!r} has no tokenizer, so these are the output token ids"
         print(note, file=sys.stderr)
-        print(summary_line(decoder.schedule.name, result.metrics), file=sys.stderr)
+        print(summary_line(decoder.schedule.name, result.metrics, inexact), file=sys.stderr)
         return 0
     written = False
     try:
@@ -392,15 +396,16 @@ def run_generate(args: argparse.Namespace) -> int:
             sys.stdout.flush()
         raise
     sys.stdout.write("\n")
-    print(summary_line(decoder.schedule.name, result.metrics), file=sys.stderr)
+    print(summary_line(decoder.schedule.name, result.metrics, inexact), file=sys.stderr)
     return 0
 
 
-def summary_line(schedule: str, m: Any) -> str:
+def summary_line(schedule: str, m: Any, inexact: str | None = None) -> str:
     """``generate``'s one-line summary of a request's :class:`~specframe.metrics.Metrics`.
 
     When the calls were planned by more than the schedule itself (``width: "auto"``, ``schedule: "auto"``),
-    the line ends with what planned them, most frequent first: ``calls: 240 ar, 13 packed/w2``.
+    the line ends with what planned them, most frequent first: ``calls: 240 ar, 13 packed/w2``. A decoder
+    that is not exact gets ``inexact`` (see :func:`specframe.exactness.inexact_reason`) after it.
     """
     share = m.non_model_s / max(m.wall_s, 1e-9)
     line = (
@@ -410,6 +415,8 @@ def summary_line(schedule: str, m: Any) -> str:
     chosen = m.schedule_histogram()
     if set(chosen) - {schedule}:
         line += "; calls: " + ", ".join(f"{count} {label}" for label, count in chosen.items())
+    if inexact:
+        line += f"; {inexact}"
     return line
 
 

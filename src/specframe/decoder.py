@@ -23,6 +23,7 @@ import torch
 from specframe.acceptance.base import AcceptanceRule
 from specframe.blame import contract_error, plugin_failure
 from specframe.errors import ConfigError, InputError, SpecframeError
+from specframe.exactness import is_exact
 from specframe.masks.base import MaskBuilder
 from specframe.metrics import Metrics
 from specframe.models.base import ModelBackend
@@ -70,6 +71,9 @@ class Generation:
         output_ids: Generated token ids only, EOS / stop tokens included.
         stop_reason: ``"eos"``, ``"stop_sequence"`` or ``"length"``.
         metrics: What the generation cost.
+        exact: Whether the decoder reproduces the verifier's output (its acceptance rule and schedule both
+            declare ``exact = True``; see :mod:`specframe.exactness`). When False, the output is not the AR
+            model's: a lossy component, or one that did not say.
     """
 
     text: str
@@ -77,6 +81,7 @@ class Generation:
     output_ids: list[int]
     stop_reason: str
     metrics: Metrics = field(default_factory=Metrics)
+    exact: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object ``specframe generate --json`` prints: every field, the metrics as their dict."""
@@ -152,6 +157,8 @@ class Decoder:
         if self.stop_texts and model.tokenizer is None:
             raise ConfigError(f"stop strings need a tokenizer, and model {model.name!r} has none; give token ids")
         self.config = dict(config or {})
+        #: Whether this decoder reproduces the verifier's output (see :mod:`specframe.exactness`).
+        self.exact = is_exact(rule, schedule)
 
     # -- public API ------------------------------------------------------------------------------------
     def generate(
@@ -245,6 +252,7 @@ class Decoder:
             output_ids=output,
             stop_reason=_stop_reason(state, output, state.max_new_tokens),
             metrics=metrics,
+            exact=self.exact,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -257,6 +265,7 @@ class Decoder:
             "width": self.width,
             "max_new_tokens": self.max_new_tokens,
             "seed": self.seed,
+            "exact": self.exact,
         }
 
     # -- the loop ----------------------------------------------------------------------------------------
@@ -271,6 +280,7 @@ class Decoder:
         budget = 4 * (state.max_new_tokens + 2) * max(self.width, 1) + 8
         clock, sync = time.perf_counter, self._sync if model.device.type == "cuda" else _no_sync
         rows_per_call, choices = metrics.rows_per_call, metrics.choices
+        ledger = getattr(schedule, "exact", None) is not False  # a lossy schedule may commit unverified guesses
         sync()
         started = clock()
         try:
@@ -309,6 +319,8 @@ class Decoder:
                         f"update() returned {drafts_accepted!r}, not the number of chain tokens it accepted "
                         f"(an int from 0 to {len(plan.chain)}: the verdict's accepted)",
                     )
+                if ledger and state.offered != state.granted:
+                    raise contract_error(schedule, "schedule", _unverified(state))
                 state.calls += 1
                 self._commit(state, call, cache, drafts_accepted)
                 metrics.wall_s += clock() - started
@@ -443,6 +455,16 @@ def token_id_list(value: Any, name: str) -> list[int]:
         except TypeError:
             raise InputError(f"{hint}; entry {index} is {type(item).__name__} {item!r:.40}") from None
     return ids
+
+
+def _unverified(state: DecodeState) -> str:
+    """The ledger problem: tokens accepted into ``state`` without a verdict."""
+    extra = state.offered - state.granted
+    return (
+        f"it accepted {extra} token(s) more than the verifier's verdicts allowed ({state.offered} accepted, "
+        f"{state.granted} with a verdict); accept tokens only through verify_planned_chain, verify_and_propose "
+        "or accept_verdict, or declare the schedule lossy with exact = False"
+    )
 
 
 def _stop_reason(state: DecodeState, output: list[int], limit: int) -> str:

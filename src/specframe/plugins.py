@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 import os
+import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -31,6 +33,7 @@ import pluggy
 
 from specframe import hookspecs
 from specframe.errors import DuplicatePluginError, PluginError, UnknownPluginError
+from specframe.exactness import declared_exact
 
 ENTRY_POINT_GROUP = "specframe"
 LOAD_ENV = "SPECFRAME_LOAD_PLUGINS"
@@ -103,9 +106,56 @@ class PluginEntry:
         """The model family this entry is restricted to, if any."""
         return self.extras.get("family")
 
-    def describe(self) -> dict[str, str]:
-        """The entry as ``specframe plugins`` prints it."""
-        return {"kind": self.kind, "name": self.name, "plugin": self.plugin, "distribution": self.distribution}
+    def describe(self) -> dict[str, Any]:
+        """The entry as ``specframe plugins`` prints it.
+
+        Besides kind, name, plugin and distribution: a schedule's ``family`` (``None``: every family), the
+        ``options`` of a configurable kind (name -> default, ``"<required>"`` for one without a default), and
+        for acceptance rules and schedules what they declare as ``exact`` (``None``: nothing, or unknown
+        until built; see :mod:`specframe.exactness`).
+        """
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "name": self.name,
+            "plugin": self.plugin,
+            "distribution": self.distribution,
+        }
+        if self.kind == "schedule":
+            out["family"] = self.family
+        if self.kind in ("order_policy", "acceptance_rule", "schedule"):
+            out["options"] = factory_options(self.factory)
+        if self.kind in ("acceptance_rule", "schedule"):
+            product = product_class(self.factory)
+            out["exact"] = declared_exact(product) if product is not None else None
+        return out
+
+
+def factory_options(factory: Callable[..., Any]) -> dict[str, Any]:
+    """The keyword options ``factory`` takes: name -> default (``"<required>"`` without one), JSON-friendly."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return {}
+    options = {}
+    for p in parameters:
+        if p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            continue
+        default = "<required>" if p.default is p.empty else p.default
+        if not (default is None or isinstance(default, (bool, int, float, str))):
+            default = repr(default)
+        options[p.name] = default
+    return options
+
+
+def product_class(factory: Callable[..., Any]) -> type | None:
+    """The class ``factory`` builds: itself if a class, else its return annotation if that is a class."""
+    if inspect.isclass(factory):
+        return factory
+    try:
+        returned = typing.get_type_hints(factory).get("return")
+    except Exception:  # an annotation that does not resolve: unknown
+        return None
+    return returned if inspect.isclass(returned) else None
 
 
 @dataclass(frozen=True)

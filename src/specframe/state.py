@@ -97,6 +97,9 @@ class DecodeState:
             library never reads. One schedule object serves every request of a decoder (and streamed
             requests may interleave), so a schedule keeps what it must remember between the calls of one
             request here, under keys of its own (its name, say), never on ``self``.
+        granted: Tokens verdicts allowed so far (what :func:`~specframe.schedules.base.accept_verdict`
+            passed on); with ``offered``, the ledger the decoder checks after every call.
+        offered: Tokens passed to :meth:`accept` so far.
     """
 
     prompt: tuple[int, ...]
@@ -108,6 +111,8 @@ class DecodeState:
     verifications: list[Verification] = field(default_factory=list)
     calls: int = 0
     scratch: dict[str, Any] = field(default_factory=dict)
+    granted: int = 0
+    offered: int = 0
 
     def __post_init__(self) -> None:
         self.prompt = tuple(int(t) for t in self.prompt)
@@ -218,6 +223,7 @@ class DecodeState:
         """
         new: list[int] = []
         tokens, eos, end, start = self.tokens, self.ctx.eos_token_ids, self.end, self.start
+        self.offered += len(pairs)
         for position, token in pairs:
             if position > self.end:
                 continue

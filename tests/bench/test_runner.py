@@ -235,3 +235,23 @@ def test_a_model_without_a_tokenizer_is_refused_before_the_first_prompt(tmp_path
         run(out, tiny_setdlm, max_new_tokens=4)
     assert "token ids" not in str(info.value)  # bench takes no token ids: the decoder's advice would mislead
     assert not (out / "records.jsonl").exists() and not (out / "run.json").exists()
+
+
+def test_a_lossy_method_is_labelled_and_compared_token_for_token_with_the_baseline(tmp_path, tiny_setdlm):
+    summary, report = run(tmp_path, tiny_setdlm, schedules=["ar", "native", "packed"])
+    records = read_records(tmp_path / "records.jsonl")
+    assert {r["method"]: r["exact"] for r in records} == {"ar": True, "native/w2": False, "packed/w2": True}
+    assert all(r["stochastic"] is False for r in records)
+    methods = {m["method"]: m for m in summary["methods"]}
+    assert methods["native/w2"]["exact"] is False and methods["packed/w2"]["exact"] is True
+    assert methods["packed/w2"]["same_as_baseline"] == {"baseline": "ar", "same": 3, "of": 3, "first_divergence": None}
+    assert methods["native/w2"]["same_as_baseline"]["of"] == 3
+    flagged = {c["method"]: c["flagged"] for c in summary["comparisons"]}
+    assert flagged == {"native/w2": True, "packed/w2": False}
+    assert "same as ar" in report and "3/3" in report
+    assert "! native/w2 is not exact" in report
+    native_row = next(line for line in report.splitlines() if line.startswith("native/w2 vs ar"))
+    assert " !" in native_row
+    from specframe.bench.plots import _groups
+
+    assert [schedule for schedule, _ in _groups(summary, "throughput_ratio")] == ["native*", "packed"]

@@ -168,3 +168,35 @@ def test_the_report_says_why_acc_is_zero_everywhere():
     assert "tiny model" in legend(methods(0.0, 0.0))
     assert "acc % is 0.0" not in legend(methods(0.0, 50.0))  # a real difference needs no excuse
     assert "acc % is 0.0" not in legend({"methods": [{"method": "ar", "responses": 12, "graded": 0}]})
+
+
+def test_greedy_responses_are_compared_with_the_baseline_and_a_divergence_is_flagged():
+    def greedy(prompt, schedule, width, ids, exact=True):
+        return {**record(prompt, schedule, width), "output_ids": ids, "exact": exact, "stochastic": False}
+
+    records = [
+        greedy(0, "linear", 4, [1, 2, 3]),
+        greedy(1, "linear", 4, [4, 5]),
+        greedy(0, "packed", 4, [1, 2, 3]),
+        greedy(1, "packed", 4, [4, 6, 7], exact=None),  # a plugin that did not say, and differs at token 1
+    ]
+    summary = summarize(records, [LINEAR, PACKED], baseline="linear", repeats=1, resamples=50)
+    packed = summary["methods"][1]
+    assert packed["exact"] is None
+    assert packed["same_as_baseline"] == {
+        "baseline": "linear/w4",
+        "same": 1,
+        "of": 2,
+        "first_divergence": {"prompt_index": 1, "repeat": 0, "token": 1},
+    }
+    assert summary["comparisons"][0]["flagged"] is True
+    report = format_report(summary)
+    assert "same as linear/w4" in report and "1/2" in report and "?" in report
+    assert "first divergence: prompt 1, repeat 0, token 1" in report
+    sampled = [{**r, "stochastic": True} for r in records]
+    assert (
+        summarize(sampled, [LINEAR, PACKED], baseline="linear", repeats=1, resamples=50)["methods"][1][
+            "same_as_baseline"
+        ]
+        is None
+    )

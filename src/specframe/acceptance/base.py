@@ -211,6 +211,18 @@ class AcceptanceRule(ABC):
     #: request's seeded generator, so a seed reproduces a sampling rule's output even if this is left False.
     stochastic: bool = False
 
+    #: Whether the rule reproduces the verifier's distribution: ``True`` (the output is the verifier's, token
+    #: for token under greedy decoding, in distribution when sampling), ``False`` (lossy), or ``None``: not
+    #: declared, and then not assumed exact. Bench, ``generate --json`` and ``specframe plugins`` report it. A
+    #: subclass of a built-in rule declares its own (it does not inherit the built-in's; see
+    #: :mod:`specframe.exactness`).
+    exact: bool | None = None
+
+    #: Whether the widths change this rule's output for a given seed; ``None``: decided from ``stochastic``
+    #: and ``exact`` (a sampling or not-exact rule's output does). Where the widths change the output,
+    #: ``width: "auto"`` chooses them from the request alone (see :func:`specframe.exactness.width_changes_output`).
+    output_depends_on_width: bool | None = None
+
     @abstractmethod
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None) -> Proposals:
         """Draw one draft token per row of drafter logits ``[k, V]``."""

@@ -28,6 +28,7 @@ class GreedyAcceptance(AcceptanceRule):
     """Argmax drafting and exact-match verification (temperature 0)."""
 
     stochastic = False
+    exact = True
 
     def propose(self, logits: torch.Tensor, generator: torch.Generator | None) -> Proposals:
         """Argmax of each row; the score is the token's softmax probability (computed when asked for).

@@ -102,6 +102,7 @@ class RejectionSampling(AcceptanceRule):
     """
 
     stochastic = True
+    exact = True
 
     def __init__(self, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
         self.warp = SamplingWarp(temperature, top_k, top_p)

@@ -5,7 +5,9 @@ One bar group per schedule, one bar per width inside the group; a dashed line ma
 ``:`` and ``,`` and slanted so that they do not run into each other. A metric whose every comparison is
 exactly "no difference" (typically the accuracy of lossless methods, or of responses none of which pass)
 is left out: its panel would be a bare line. ``comparison.png`` lays the panels out in a grid of at most
-:data:`GRID_COLUMNS` columns. Rendered with matplotlib's Agg backend (no display needed).
+:data:`GRID_COLUMNS` columns. A schedule with a flagged comparison (not exact, or output that differed from
+the baseline's) is marked :data:`FLAGGED` on the axis and in the title. Rendered with matplotlib's Agg
+backend (no display needed).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ PANELS: tuple[tuple[str, str], ...] = (
     ("wall_diff_s", "Wall-time difference (s)"),
     ("accuracy_diff_points", "Accuracy difference (points)"),
 )
+
+#: Marks a schedule whose comparison is flagged (see :func:`specframe.bench.summary.summarize`).
+FLAGGED = "*"
+#: What the mark means, added to the figures' titles when one is drawn.
+FLAGGED_NOTE = f"{FLAGGED} not exact or output differs from the baseline's"
 
 
 #: Columns of the panel grid of ``comparison.png``.
@@ -68,8 +75,15 @@ def _groups(summary: Mapping[str, Any], key: str) -> list[tuple[str, list[tuple[
         method = comparison["method"]
         width = widths.get(method)
         label = f"W={width}" if width is not None else method
-        by_schedule.setdefault(schedules.get(method, method), []).append((label, estimate))
+        schedule = schedules.get(method, method) + (FLAGGED if _flagged(summary, schedules.get(method)) else "")
+        by_schedule.setdefault(schedule, []).append((label, estimate))
     return list(by_schedule.items())
+
+
+def _flagged(summary: Mapping[str, Any], schedule: str | None) -> bool:
+    """Whether a comparison of one of ``schedule``'s methods is flagged."""
+    methods = {m["method"] for m in summary["methods"] if m["schedule"] == schedule}
+    return any(c.get("flagged") for c in summary["comparisons"] if c["method"] in methods)
 
 
 def _draw(ax: Any, summary: Mapping[str, Any], key: str, title: str) -> bool:
@@ -141,9 +155,10 @@ def plot_comparisons(summary: Mapping[str, Any], folder: str | Path, *, title: s
         return written
     (folder / "plots").mkdir(parents=True, exist_ok=True)
     baseline = summary.get("baseline", "baseline")
+    note = f"\n{FLAGGED_NOTE}" if any(c.get("flagged") for c in summary["comparisons"]) else ""
     for key, label in panels:
         fig, ax = plt.subplots(figsize=(5.0, 4.0))
-        _draw(ax, summary, key, f"{label} vs {baseline}")
+        _draw(ax, summary, key, f"{label} vs {baseline}{note}")
         fig.tight_layout()
         path = folder / "plots" / f"{key}.png"
         fig.savefig(path, dpi=120)
@@ -158,7 +173,8 @@ def plot_comparisons(summary: Mapping[str, Any], folder: str | Path, *, title: s
     for ax in cells[len(panels) :]:
         ax.axis("off")
     flat = [t for k, t in PANELS if _groups(summary, k) and _flat(summary, k)]
-    note = f"\nnot plotted, no difference for any method: {', '.join(flat)}" if flat else ""
+    if flat:
+        note += f"\nnot plotted, no difference for any method: {', '.join(flat)}"
     fig.suptitle(f"{title}vs {baseline}; 95% paired bootstrap intervals{note}", fontsize=10)
     fig.tight_layout()
     path = folder / "comparison.png"

@@ -74,16 +74,39 @@ def method_table(summary: Mapping[str, Any]) -> str:
     return text_table(*method_rows(summary))
 
 
+#: Appended to the throughput ratio of a flagged comparison (a method that is not exact, or whose output
+#: differed from the baseline's): its speed-up is not the same output faster.
+FLAG = " !"
+
+
 def comparison_table(summary: Mapping[str, Any]) -> str:
-    """The paired comparisons against the baseline, with intervals."""
-    rows = [
-        [
-            f"{c['method']} vs {c['baseline']}",
-            *(fmt_interval(c.get(k), pattern) for _, k, pattern in COMPARISON_COLUMNS),
-        ]
-        for c in summary["comparisons"]
-    ]
+    """The paired comparisons against the baseline, with intervals (a flagged one's ratio marked ``!``)."""
+    rows = []
+    for c in summary["comparisons"]:
+        cells = [fmt_interval(c.get(k), pattern) for _, k, pattern in COMPARISON_COLUMNS]
+        if c.get("flagged"):
+            cells[0] += FLAG
+        rows.append([f"{c['method']} vs {c['baseline']}", *cells])
     return text_table(["comparison", *(h for h, _, _ in COMPARISON_COLUMNS)], rows)
+
+
+def flag_notes(summary: Mapping[str, Any]) -> list[str]:
+    """One line per flagged comparison: why its speed-up is not free, and where its output first differs."""
+    notes = []
+    for c in summary["comparisons"]:
+        if not c.get("flagged"):
+            continue
+        why = {False: "is not exact", None: "does not say it is exact"}.get(c.get("exact"), "is declared exact")
+        line = f"! {c['method']} {why}"
+        same = c.get("same_as_baseline")
+        if same:
+            line += f"; {same['same']}/{same['of']} responses equal {c['baseline']}'s"
+            first = same.get("first_divergence")
+            if first:
+                where = f"prompt {first['prompt_index']}, repeat {first['repeat']}, token {first['token']}"
+                line += f" (first divergence: {where})"
+        notes.append(line + ": its speed-up is not the baseline's output faster")
+    return notes
 
 
 def format_report(summary: Mapping[str, Any], title: str = "") -> str:
@@ -92,13 +115,14 @@ def format_report(summary: Mapping[str, Any], title: str = "") -> str:
     head = f"{title}{summary['prompts']} prompts x {summary.get('repeats', 1)} response(s) per method"
     if summary.get("incomplete_prompts"):
         head += f" ({summary['incomplete_prompts']} incomplete prompt(s) left out)"
-    parts = [head, "", method_table(summary), "", legend(summary)]
+    parts = [head, "", method_table(summary), "", legend(summary), *exactness_legend(summary)]
     if summary["comparisons"]:
         parts += [
             "",
             f"paired {boot.get('confidence', 0.95):.0%} bootstrap intervals over prompts "
             f"({boot.get('resamples', 0):,} resamples); baseline: {summary['baseline']} (--baseline sets it)",
             comparison_table(summary),
+            *flag_notes(summary),
         ]
     return "\n".join(parts)
 
@@ -124,6 +148,17 @@ def legend(summary: Mapping[str, Any]) -> str:
     )
 
 
+def exactness_legend(summary: Mapping[str, Any]) -> list[str]:
+    """What the ``exact`` and ``same as`` columns mean (nothing when the table has neither)."""
+    methods = summary.get("methods") or []
+    lines = []
+    if any("exact" in m for m in methods):
+        lines.append("exact: reproduces the verifier's output (NO: lossy, ?: not declared, so not assumed exact)")
+    if any(m.get("same_as_baseline") for m in methods):
+        lines.append("same as: responses equal to the baseline's token for token (compared where nothing samples)")
+    return lines
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A GitHub-flavoured Markdown table (first column left-aligned, the others right-aligned)."""
     align = [":---", *("---:" for _ in headers[1:])]
@@ -133,6 +168,22 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
 
 
 def method_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Headers and formatted cells of the per-method table."""
-    rows = [[fmt(lookup(m, key), pattern) for _, key, pattern in METHOD_COLUMNS] for m in summary["methods"]]
-    return [h for h, _, _ in METHOD_COLUMNS], rows
+    """Headers and formatted cells of the per-method table.
+
+    After :data:`METHOD_COLUMNS`: ``exact`` (``yes``, ``NO``, or ``?`` for records that do not say) and,
+    where the responses were compared token for token (greedy), ``same as <baseline>`` (``12/12``).
+    """
+    methods = summary["methods"]
+    rows = [[fmt(lookup(m, key), pattern) for _, key, pattern in METHOD_COLUMNS] for m in methods]
+    headers = [h for h, _, _ in METHOD_COLUMNS]
+    if any("exact" in m for m in methods):
+        headers.append("exact")
+        for row, m in zip(rows, methods, strict=True):
+            row.append({True: "yes", False: "NO"}.get(m.get("exact"), "?"))
+    compared = [m.get("same_as_baseline") for m in methods]
+    if any(compared):
+        base = next(c for c in compared if c)["baseline"]
+        headers.append(f"same as {base}")
+        for row, same in zip(rows, compared, strict=True):
+            row.append(f"{same['same']}/{same['of']}" if same else "-")
+    return headers, rows

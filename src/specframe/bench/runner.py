@@ -102,11 +102,15 @@ def make_record(
     result: Generation,
     correct: bool | None,
     schedule_description: Mapping[str, Any] | None = None,
+    *,
+    stochastic: bool | None = None,
 ) -> dict[str, Any]:
     """The ``records.jsonl`` entry of one response.
 
     ``schedule_description`` is the method's ``schedule.describe()`` (its name and options, as the schedule
-    reports them), taken when the decoder was composed.
+    reports them), taken when the decoder was composed. ``stochastic`` is the acceptance rule's flag:
+    responses of rules that sample nothing are compared with the baseline's token for token (see
+    :func:`specframe.bench.summary.summarize`).
     """
     verifications = result.metrics.verifications
     longest = max((v.drafted for v in verifications), default=0)
@@ -130,6 +134,8 @@ def make_record(
         "output_ids": result.output_ids,
         "text": result.text,
         "stop_reason": result.stop_reason,
+        "exact": result.exact,
+        "stochastic": stochastic,
         "metrics": result.metrics.to_dict(),
         "acceptance_positions": {"reached": reached, "accepted": accepted},
         "correct": correct,
@@ -297,6 +303,9 @@ def _generate(
             correct = task.grade(example, answer_text(model, result.output_ids)) if task.graded else None
             bar.set_postfix_str(f"{method.label} p{example.index}", refresh=False)
             bar.update()
-            yield make_record(settings, example, repeat, method, seed, result, correct, described[method])
+            stochastic = bool(decoders[method].rule.stochastic)
+            yield make_record(
+                settings, example, repeat, method, seed, result, correct, described[method], stochastic=stochastic
+            )
     finally:
         bar.close()

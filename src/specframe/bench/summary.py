@@ -11,6 +11,11 @@ Per method, over the prompts that every method completed (all repeats):
 
 Against the baseline, with 95% paired percentile bootstrap intervals over prompts: throughput ratio, wall-time
 difference of means, tokens/NFE ratio, time/NFE ratio, NFE ratio and accuracy difference in points.
+
+Each method also says whether it is exact (every response's decoder reproduced the verifier's output) and,
+where neither it nor the baseline samples (greedy decoding), how many responses equal the baseline's token for
+token, with the first divergence. A comparison is ``flagged`` when the method is not exact or a response
+differs: its speed-up is not the same output faster.
 """
 
 from __future__ import annotations
@@ -154,9 +159,13 @@ def summarize(
         return summary
     boot = PairedBootstrap(table, resamples=resamples, seed=seed, confidence=confidence)
     totals = boot.totals()
+    outputs = _outputs(records, wanted, set(prompts), repeats)
+    agreement = {m: _agreement(m, pair_baseline(m, baseline, methods), outputs) for m in methods}
     for method in methods:
         sums = {q: totals[f"{method.label}:{q}"] for q in QUANTITIES}
         stats = _method_stats(method, sums, _position_rates(positions[method]), rows_max[method])
+        stats["exact"] = _exact(outputs, method)
+        stats["same_as_baseline"] = agreement[method]
         stats["widths"] = dict(sorted(chosen[method]["widths"].items(), key=lambda item: int(item[0])))
         stats["schedules"] = dict(chosen[method]["schedules"].most_common())
         stats["throughput_ci"] = _ci(boot.estimate(lambda s, m=method: s[f"{m.label}:tokens"] / s[f"{m.label}:wall"]))
@@ -165,7 +174,14 @@ def summarize(
         base = pair_baseline(method, baseline, methods)
         if base is None:
             continue
-        entry: dict[str, Any] = {"method": method.label, "baseline": base.label}
+        same = agreement[method]
+        entry: dict[str, Any] = {
+            "method": method.label,
+            "baseline": base.label,
+            "exact": _exact(outputs, method),
+            "same_as_baseline": same,
+            "flagged": _exact(outputs, method) is not True or bool(same and same["same"] < same["of"]),
+        }
         for name, (_, function) in COMPARISONS.items():
             graded = totals[f"{method.label}:graded"] and totals[f"{base.label}:graded"]
             if name == "accuracy_diff_points" and not graded:
@@ -174,6 +190,57 @@ def summarize(
             entry[name] = _ci(boot.estimate(_paired(function, method.label, base.label)))
         summary["comparisons"].append(entry)
     return summary
+
+
+def _outputs(
+    records: Sequence[Mapping[str, Any]], methods: set[Method], prompts: set[int], repeats: int
+) -> dict[Method, dict[tuple[int, int], Mapping[str, Any]]]:
+    """Each method's records of the complete prompts, by (prompt index, repeat)."""
+    out: dict[Method, dict[tuple[int, int], Mapping[str, Any]]] = defaultdict(dict)
+    for record in records:
+        method, key = record_method(record), (int(record["prompt_index"]), int(record["repeat"]))
+        if method in methods and key[0] in prompts and key[1] < repeats:
+            out[method][key] = record
+    return out
+
+
+def _exact(outputs: Mapping[Method, Mapping[Any, Mapping[str, Any]]], method: Method) -> bool | None:
+    """True when every response's decoder was exact, False when one was not, None when a record does not say."""
+    said = [r.get("exact") for r in outputs.get(method, {}).values()]
+    if any(s is False for s in said):
+        return False
+    return True if said and all(s is True for s in said) else None
+
+
+def _sampled(record: Mapping[str, Any]) -> bool:
+    """Whether the record's rule samples (records without the flag: whenever the temperature is not 0)."""
+    stochastic = record.get("stochastic")
+    return bool(stochastic) if stochastic is not None else record.get("temperature") != 0
+
+
+def _agreement(
+    method: Method, base: Method | None, outputs: Mapping[Method, Mapping[tuple[int, int], Mapping[str, Any]]]
+) -> dict[str, Any] | None:
+    """How many of ``method``'s responses equal ``base``'s token for token, and where the first one differs.
+
+    ``None`` without a baseline or when either samples (then equal seeds need not give equal tokens).
+    """
+    if base is None:
+        return None
+    mine, theirs = outputs.get(method, {}), outputs.get(base, {})
+    keys = sorted(set(mine) & set(theirs))
+    both = [(mine[k], theirs[k]) for k in keys]
+    if not keys or any(_sampled(r) or "output_ids" not in r for pair in both for r in pair):
+        return None
+    same, first = 0, None
+    for key in keys:
+        a, b = list(mine[key]["output_ids"]), list(theirs[key]["output_ids"])
+        if a == b:
+            same += 1
+        elif first is None:
+            token = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+            first = {"prompt_index": key[0], "repeat": key[1], "token": token}
+    return {"baseline": base.label, "same": same, "of": len(keys), "first_divergence": first}
 
 
 def _paired(function: Any, method: str, base: str) -> Any:

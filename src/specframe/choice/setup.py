@@ -8,6 +8,7 @@ from typing import Any
 from specframe.acceptance.base import AcceptanceRule
 from specframe.costs import CostModel, cost_model_for
 from specframe.errors import ConfigError
+from specframe.exactness import width_changes_output
 from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
 from specframe.orders.base import OrderPolicy
@@ -20,6 +21,12 @@ from specframe.schedules.quadratic import QuadraticSchedule
 
 #: ``width: "auto"`` for a built-in schedule whose width no cost model chooses (``native``) means this width.
 DEFAULT_WIDTH = 8
+
+#: The cost model ``width: "auto"`` chooses by where the widths change the output and no ``cost`` is given:
+#: fixed numbers, not this machine's timings, so that the same request gives the same output on every machine
+#: and under any load. A call of R rows costs ``1 + R / 32`` units (a wide call of 32 rows costs two narrow
+#: ones: between a GPU's nearly free rows and a small CPU's); only ratios matter to the choice.
+NOMINAL_COST = CostModel(tau=1.0, delta=1 / 32, source="nominal")
 
 # Built-in schedules whose width "auto" chooses, and the candidates it chooses among (W = 0: AR calls).
 _AUTO_WIDTH_KINDS: Mapping[type, tuple[str, ...]] = {
@@ -65,6 +72,11 @@ def resolve(
     take ``"auto"`` as their declared ``auto_width`` (see :func:`fixed_width`). An auto schedule is bound
     to ``cost`` (a mapping or :class:`CostModel`), or to this machine's cached cost model, calibrated first
     if there is none.
+
+    Where the widths change the output (:func:`~specframe.exactness.width_changes_output`: any-order
+    verification, sampling, a rule not declared exact), the schedule is bound ``deterministic`` instead, to
+    ``cost`` if given, else to :data:`NOMINAL_COST`: no timing, nothing carried over between requests, so
+    that the output is a function of the model, the prompt, the configuration and the seed.
     """
     if width == "auto" and type(schedule) in _AUTO_WIDTH_KINDS:
         schedule = AutoSchedule(getattr(schedule, "k", 2), kinds=_AUTO_WIDTH_KINDS[type(schedule)], name=schedule_name)
@@ -75,9 +87,13 @@ def resolve(
     decoder_width = min(AUTO_MAX_WIDTH, model.max_positions + 1) if width == "auto" else int(width)
     if isinstance(cost, Mapping):
         cost = CostModel.from_mapping(cost)
+    deterministic = width_changes_output(order, rule)
     if cost is None:
-        cost = cost_model_for(model, host_s=lambda: decoder_overhead(model, builder, order, rule))
-    schedule.bind(cost, lambda plan: builder.build(plan).num_rows)
+        if deterministic:
+            cost = NOMINAL_COST
+        else:
+            cost = cost_model_for(model, host_s=lambda: decoder_overhead(model, builder, order, rule))
+    schedule.bind(cost, lambda plan: builder.build(plan).num_rows, deterministic=deterministic)
     return schedule, decoder_width
 
 

@@ -20,6 +20,11 @@ class OrderPolicy(ABC):
     #: Whether :meth:`order` reads the scores. When False, schedules neither compute nor store them.
     uses_scores: bool = True
 
+    #: Whether the widths change which tokens are accepted; ``None``: unless the policy is left to right
+    #: (any-order verification accepts other tokens at other widths). Where they do, ``width: "auto"``
+    #: chooses them from the request alone (see :func:`specframe.exactness.width_changes_output`).
+    output_depends_on_width: bool | None = None
+
     @abstractmethod
     def order(self, positions: Sequence[int], scores: Mapping[int, float]) -> list[int]:
         """Return ``positions`` permuted into verification rank order.

@@ -16,6 +16,7 @@ class ARSchedule(Schedule):
     """Generate the leftmost unresolved token from the verifier, one call per token."""
 
     name = "ar"
+    exact = True
     takes_width = False  # one token per call: its window is always 1
 
     def plan(self, state: DecodeState) -> CallPlan:

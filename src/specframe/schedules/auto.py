@@ -9,7 +9,10 @@ is stored and drafts nothing, so drafting stops where it does not pay.
 
 Only plans change: verification, acceptance and the cache are the library's, and each candidate is a
 lossless schedule, so the output is the AR model's (token for token under greedy decoding, in distribution
-under rejection sampling).
+under rejection sampling). Where the widths do change the output (any-order verification, sampling with a
+seed, a rule not declared exact), ``compose`` binds the schedule ``deterministic``: a fixed cost model, no
+timing, and nothing carried over between requests, so that the choice, and with it the output, is a
+function of the request alone.
 """
 
 from __future__ import annotations
@@ -96,6 +99,7 @@ class DraftlessCall(Schedule):
     """A plain AR call that also checks a stored draft's first token, and drafts nothing (width 0)."""
 
     name = "ar"
+    exact = True
 
     def plan(self, state: DecodeState) -> CallPlan:
         """Verify the one-position window (with the stored draft there, if any); no draft groups."""
@@ -125,6 +129,7 @@ class AutoSchedule(Schedule):
     """
 
     name = "auto"
+    exact = True
 
     def __init__(
         self,
@@ -151,6 +156,15 @@ class AutoSchedule(Schedule):
         self.cost: CostModel | None = None
         self._rows_of_plan: Callable[[CallPlan], int] | None = None
         self._rows: dict[tuple[str, int, int], int] = {}
+        self._candidates: dict[int, tuple[list[Candidate], list[Candidate]]] = {}
+        self._synthetic = None
+        #: Whether every request starts from nothing learned and no call is timed (see :meth:`bind`).
+        self.deterministic = False
+        self._forget()
+        self._times: CallTimes | None = None
+
+    def _forget(self) -> None:
+        """Drop everything learned: acceptance, the pick, the probes' wait and the tokens calls added."""
         self._stats: AcceptanceStats | None = None
         self._chosen: Candidate | None = None
         self._current: Candidate | None = None
@@ -171,11 +185,8 @@ class AutoSchedule(Schedule):
         # Plain AR calls to come whose choice is known already (see _plain_ar_calls): planned without the
         # choice's bookkeeping, so that a plain AR call costs what one of the `ar` schedule does.
         self._fast_ar = 0
-        self._candidates: dict[int, tuple[list[Candidate], list[Candidate]]] = {}
         #: The latest throughput estimate (tokens per second) of each candidate, by label.
         self.rates: dict[str, float] = {}
-        self._synthetic = None
-        self._times: CallTimes | None = None
         self._predicted: dict[str, float] = {}
         self._timed: tuple[str, float] | None = None  # the label and start of the calls being timed
         self._timed_calls = 1  # ... how many calls that span covers
@@ -184,22 +195,32 @@ class AutoSchedule(Schedule):
         self._last_label: str | None = None
         self._expect: float | None = None
 
-    def bind(self, cost: CostModel, rows: Callable[[CallPlan], int]) -> None:
-        """Give the schedule the machine's cost model and the family's row count of a plan (compose does)."""
+    def bind(self, cost: CostModel, rows: Callable[[CallPlan], int], *, deterministic: bool = False) -> None:
+        """Give the schedule a cost model and the family's row count of a plan (``compose`` does).
+
+        Args:
+            cost: Seconds per call by rows.
+            rows: The rows the family's layout needs for a plan.
+            deterministic: Choose from inputs that the request alone determines: ``cost`` as given (no
+                call is timed) and only this request's verifications (each request starts from nothing
+                learned). ``compose`` sets it where the widths change the output (see
+                :func:`specframe.exactness.width_changes_output`).
+        """
         self.cost = cost
         self._rows_of_plan = rows
         self._rows.clear()
         self._candidates.clear()
+        self.deterministic = deterministic
+        self._forget()
         # A measured cost model is corrected by what calls are seen to take; a given one is taken as is
         # (so that tests, and users who state their costs, get choices that do not depend on timing).
-        self._times = None if cost.source == "given" else CallTimes()
-        self._tokens = CallTokens()
-        self._predicted_tokens.clear()
-        self._fast_ar = 0
+        self._times = None if deterministic or cost.source == "given" else CallTimes()
 
     def describe(self) -> dict[str, object]:
-        """Name, candidates and the pooled acceptance by offset."""
+        """Name, candidates, whether the choice is deterministic, and the pooled acceptance by offset."""
         out: dict[str, object] = {"name": self.name, "width": "auto" if self.widths is None else list(self.widths)}
+        if self.deterministic:
+            out["deterministic"] = True
         if self.name == "auto" or "kbranch" in self.kinds:
             out["candidates"] = list(self.kinds)
             out["k"] = self.k
@@ -297,6 +318,8 @@ class AutoSchedule(Schedule):
     # -- choosing ----------------------------------------------------------------------------------------
     def _start_request(self, state: DecodeState) -> None:
         maximum = state.ctx.width
+        if self.deterministic:  # nothing carries over from earlier requests
+            self._forget()
         if self._stats is None:
             self._stats = AcceptanceStats(maximum + 1)
         self._stats.start_request()

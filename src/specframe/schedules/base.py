@@ -35,6 +35,13 @@ class Schedule(ABC):
     #: The built-in ``native`` schedules set 8. (``packed``, ``linear``, ``quadratic``, ``kbranch`` and
     #: ``auto`` have their widths chosen per call; ``ar`` takes none.)
     auto_width: int | None = None
+    #: Whether the schedule commits only what the acceptance rule verified, so that the output is the
+    #: verifier's: ``True`` for the built-in speculative schedules, ``False`` for a lossy one (the ``native``
+    #: decoders), ``None`` when not declared (then not assumed exact). A schedule that is not declared
+    #: ``False`` may commit only tokens with a verdict (from :func:`verify_planned_chain`,
+    #: :func:`verify_and_propose` or :func:`accept_verdict`); the decoder raises a ``PluginError`` naming it
+    #: otherwise. A subclass of a built-in schedule declares its own (see :mod:`specframe.exactness`).
+    exact: bool | None = None
 
     @abstractmethod
     def plan(self, state: DecodeState) -> CallPlan:
@@ -142,6 +149,7 @@ def accept_verdict(state: DecodeState, plan: CallPlan, chain: tuple[DraftRef, ..
     pairs = list(zip(plan.order[:accepted], plan.chain[:accepted], strict=True))  # the plan holds their tokens
     if token is not None:
         pairs.append((plan.order[accepted], token))
+    state.granted += len(pairs)
     kept = state.accept(pairs)
     state.record(drafted=len(chain), accepted=verdict.accepted, appended=kept)
     return len(pairs)

@@ -36,6 +36,7 @@ class KBranchSchedule(Schedule):
     """
 
     name = "kbranch"
+    exact = True
 
     def __init__(self, k: int = 2) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:

@@ -20,6 +20,7 @@ class LinearSchedule(Schedule):
     """Two calls per iteration: draft from ``P_t``, then verify."""
 
     name = "linear"
+    exact = True
 
     def plan(self, state: DecodeState) -> CallPlan:
         """Prompt call, then alternately a drafting call (no stored draft) and a verification call."""

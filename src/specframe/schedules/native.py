@@ -27,6 +27,7 @@ class NativeSchedule(Schedule):
 
     name = "native"
     auto_width = 8  # the released decoders' block size / window; no cost model chooses it
+    exact = False  # commits unverified guesses: the output is the diffusion decoder's
 
     def __init__(self, threshold: float = 0.9) -> None:
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:

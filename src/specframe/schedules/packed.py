@@ -24,6 +24,7 @@ class PackedSchedule(Schedule):
     """One call per iteration: verify ``D_{t-1}`` and draft from ``P_{t-1}`` together."""
 
     name = "packed"
+    exact = True
 
     def plan(self, state: DecodeState) -> CallPlan:
         """Verify the stored draft over the window and draft the window from the verified prefix."""

@@ -18,6 +18,7 @@ class QuadraticSchedule(Schedule):
     """Verify the chain and draft every branch's next window in one call."""
 
     name = "quadratic"
+    exact = True
 
     def plan(self, state: DecodeState) -> CallPlan:
         """One draft group per possible outcome ``a = 1 .. m``."""

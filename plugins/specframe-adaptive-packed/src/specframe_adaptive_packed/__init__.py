@@ -39,6 +39,8 @@ class AdaptivePackedSchedule(Schedule):
             schedule).
     """
 
+    exact = True  # every committed token comes from verify_planned_chain
+
     name = "adaptive-packed"
 
     def __init__(self, min_width: int = 2, patience: int = 3, cooldown: int = 8) -> None:
