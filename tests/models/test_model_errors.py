@@ -126,6 +126,41 @@ def test_unsupported_rope_type(nemotron_copy):
         load_model(nemotron_copy)
 
 
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value", "message"),
+    [
+        (None, "rms_norm_eps", NAN, "rms_norm_eps=nan"),
+        (None, "rms_norm_eps", INF, "rms_norm_eps=inf"),
+        ("rope_parameters", "mscale", NAN, "rope mscale=nan"),
+        ("rope_parameters", "factor", INF, "rope factor=inf"),
+        ("rope_parameters", "rope_theta", NAN, "rope_theta=nan"),
+        ("rope_parameters", "rope_theta", INF, "rope_theta=inf"),
+        ("rope_parameters", "beta_fast", NAN, "rope beta_fast=nan"),
+        ("rope_parameters", "llama_4_scaling_beta", NAN, "rope llama_4_scaling_beta=nan"),
+    ],
+)
+def test_non_finite_config_numbers_are_refused(nemotron_copy, where, key, value, message):
+    # json writes NaN and Infinity, and Python's json reads them back: they must not load and decode garbage
+    config = json.loads((nemotron_copy / "config.json").read_text())
+    (config[where] if where else config)[key] = value
+    (nemotron_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"config\.json: unsupported value\(s\) {message} \(.*expected a finite"):
+        load_model(nemotron_copy)
+
+
+@pytest.mark.parametrize("value", [NAN, INF])
+def test_non_finite_setdlm_backbone_rope_theta_is_refused(tmp_path, value):
+    folder = write_random_checkpoint(SETDLM, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["backbone_config"]["rope_theta"] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"rope_theta={value!r} \(expected a finite number > 1\)"):
+        load_model(folder)
+
+
 def test_rope_scaling_alias_and_top_level_theta(nemotron_copy, nemotron_dir):
     config = json.loads((nemotron_copy / "config.json").read_text())
     rope = config.pop("rope_parameters")
