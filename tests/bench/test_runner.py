@@ -235,3 +235,35 @@ def test_a_model_without_a_tokenizer_is_refused_before_the_first_prompt(tmp_path
         run(out, tiny_setdlm, max_new_tokens=4)
     assert "token ids" not in str(info.value)  # bench takes no token ids: the decoder's advice would mislead
     assert not (out / "records.jsonl").exists() and not (out / "run.json").exists()
+
+
+def test_an_empty_prompt_fails_before_any_record_and_on_resume_alike(tmp_path, tiny_setdlm):
+    # prompt 2 is empty: it used to fail at its turn, after prompts 0 and 1 were recorded, and on every resume
+    task_file = tmp_path / "prompts.jsonl"
+    rows = [("a", "def f(x):"), ("b", "x = 1"), ("c", ""), ("d", "")]
+    task_file.write_text("".join(json.dumps({"id": n, "prompt": p}) + "\n" for n, p in rows))
+    out = tmp_path / "out"
+    for _ in range(2):
+        with pytest.raises(InputError) as info:
+            run(out, tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=2)
+        message = str(info.value)
+        assert f"2 of 4 prompt(s) of task file {task_file} cannot be decoded" in message
+        assert "prompt 2 (c): the prompt is empty; prompt 3 (d): the prompt is empty; nothing was run" in message
+        assert not out.exists()
+    # a template that gives the empty prompt some text makes it decodable
+    summary, _ = run(
+        out, tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=2, prompt_template="Q:{prompt}"
+    )
+    assert summary["prompts"] == 4
+
+
+def test_a_lone_surrogate_in_a_prompt_names_the_file_and_prompt_and_leaves_no_folder(tmp_path, tiny_setdlm):
+    task_file = tmp_path / "prompts.jsonl"
+    task_file.write_text('{"id": "a", "prompt": "def f(x):"}\n{"id": "b", "prompt": "x = \\ud800"}\n')
+    out = tmp_path / "out"
+    with pytest.raises(InputError) as info:
+        run(out, tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=2)
+    message = str(info.value)
+    assert f"1 of 2 prompt(s) of task file {task_file} cannot be decoded: prompt 1 (b): " in message
+    assert "lone surrogate" in message and "nothing was run" in message
+    assert not out.exists()
