@@ -1,4 +1,6 @@
+import errno
 import json
+import os
 import shutil
 
 import pytest
@@ -7,7 +9,7 @@ from specframe.bench import BenchSettings, merge_runs, run_bench
 from specframe.bench.records import read_records, record_key
 from specframe.bench.runner import select_examples, turn_order
 from specframe.bench.settings import Method
-from specframe.errors import InputError, SpecframeError
+from specframe.errors import InputError, OutputError, SpecframeError
 
 
 def settings(**overrides):
@@ -267,3 +269,56 @@ def test_a_lone_surrogate_in_a_prompt_names_the_file_and_prompt_and_leaves_no_fo
     assert f"1 of 2 prompt(s) of task file {task_file} cannot be decoded: prompt 1 (b): " in message
     assert "lone surrogate" in message and "nothing was run" in message
     assert not out.exists()
+
+
+class _DiskFullAfter:
+    """A text file whose ``calls``-th write stores half its line and then fails as a full disk does."""
+
+    def __init__(self, handle, calls):
+        self._handle, self._calls = handle, calls
+
+    def write(self, text):
+        self._calls -= 1
+        if self._calls == 0:
+            self._handle.write(text[: len(text) // 2])
+            self._handle.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._handle.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+
+def test_a_full_disk_names_the_records_file_and_the_rerun_resumes(tmp_path, tiny_setdlm, monkeypatch):
+    import specframe.bench.records as records_module
+
+    monkeypatch.setattr(records_module, "open", lambda *a, **k: _DiskFullAfter(open(*a, **k), 4), raising=False)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError) as info:
+        run(out, tiny_setdlm)
+    assert str(info.value).startswith(f"cannot write {out / 'records.jsonl'} (No space left on device); ")
+    assert "rerun the same command to resume" in str(info.value)
+    assert len(read_records(out / "records.jsonl")) == 3  # the torn fourth line is not a record
+    monkeypatch.undo()
+    run(out, tiny_setdlm)
+    keys = [record_key(r) for r in read_records(out / "records.jsonl")]
+    assert len(keys) == len(set(keys)) == 9
+    run(tmp_path / "clean", tiny_setdlm)
+    assert outputs(out) == outputs(tmp_path / "clean")
+
+
+def test_a_full_disk_at_the_summary_names_it_and_leaves_no_temporary_file(tmp_path, tiny_setdlm, monkeypatch):
+    from pathlib import Path
+
+    write_text = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name == "summary.json.tmp":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match=f"cannot write {out / 'summary.json'} \\(No space left on device\\)"):
+        run(out, tiny_setdlm)
+    assert len(read_records(out / "records.jsonl")) == 9 and not (out / "summary.json.tmp").exists()
