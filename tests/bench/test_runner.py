@@ -2,11 +2,13 @@ import errno
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from specframe.bench import BenchSettings, merge_runs, run_bench
-from specframe.bench.records import read_records, record_key
+from specframe.bench.records import lock_folder, read_records, record_key
 from specframe.bench.runner import select_examples, turn_order
 from specframe.bench.settings import Method
 from specframe.errors import InputError, OutputError, SpecframeError
@@ -322,3 +324,40 @@ def test_a_full_disk_at_the_summary_names_it_and_leaves_no_temporary_file(tmp_pa
     with pytest.raises(OutputError, match=f"cannot write {out / 'summary.json'} \\(No space left on device\\)"):
         run(out, tiny_setdlm)
     assert len(read_records(out / "records.jsonl")) == 9 and not (out / "summary.json.tmp").exists()
+
+
+def test_a_second_bench_on_a_busy_folder_is_refused_and_records_nothing(tmp_path, tiny_setdlm):
+    out = tmp_path / "out"
+    out.mkdir()
+    with lock_folder(out):  # as a bench running in another process holds it
+        with pytest.raises(OutputError) as info:
+            run(out, tiny_setdlm)
+        assert f"--out {out} is in use: another specframe bench is running there" in str(info.value)
+        assert not (out / "records.jsonl").exists() and not (out / "run.json").exists()
+    run(out, tiny_setdlm)  # released: the folder is usable again
+    assert len(read_records(out / "records.jsonl")) == 9
+
+
+def test_the_folder_lock_ends_with_a_killed_process(tmp_path, tiny_setdlm):
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(OutputError, match="another specframe bench is running there"):
+            run(out, tiny_setdlm)
+    finally:
+        holder.kill()  # SIGKILL: no clean-up code of the holder runs
+        holder.wait()
+    run(out, tiny_setdlm)
+    assert len(read_records(out / "records.jsonl")) == 9
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from specframe.bench.records import lock_folder
+with lock_folder(Path(sys.argv[1])):
+    print("locked", flush=True)
+    time.sleep(600)
+"""

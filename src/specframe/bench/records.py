@@ -2,7 +2,8 @@
 
 Records are appended and flushed one at a time, so a run that is killed loses at most the response in
 flight; a torn last line is dropped when the folder is opened again. A record is identified by
-``(prompt_index, repeat, schedule, width)``.
+``(prompt_index, repeat, schedule, width)``. A run holds a lock on its folder (:func:`lock_folder`), so a
+second run on the same folder is refused instead of recording every response again.
 """
 
 from __future__ import annotations
@@ -10,16 +11,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from specframe.bench.settings import BenchSettings, Method, differences
 from specframe.errors import OutputError, SpecframeError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks of this kind
+    fcntl = None  # type: ignore[assignment]
+
 RUN_FILE = "run.json"
 RECORDS_FILE = "records.jsonl"
 SUMMARY_FILE = "summary.json"
+LOCK_FILE = ".specframe-bench.lock"
 
 Key = tuple[int, int, str, "int | None"]
 
@@ -59,6 +66,42 @@ def prepare_folder(out: str | Path, *, option: str = "--out") -> Path:
             "writable folder path (one that is not inside a file or a system folder such as /proc)"
         ) from exc
     return folder
+
+
+@contextlib.contextmanager
+def lock_folder(folder: Path, *, option: str = "--out") -> Iterator[None]:
+    """Hold an exclusive lock on an output folder while a run writes into it.
+
+    The lock is an ``flock`` on :data:`LOCK_FILE` inside the folder, so the operating system releases it when
+    the process ends, however it ends. Where files cannot be locked (no ``fcntl``, or a file system without
+    locks) the run goes ahead unlocked.
+
+    Args:
+        folder: The output folder (it exists).
+        option: The command-line option that named it, for messages.
+
+    Raises:
+        OutputError: If another process holds the lock, or the lock file cannot be created.
+    """
+    path = folder / LOCK_FILE
+    try:
+        handle = open(path, "a+b")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise write_failed(path, exc, "give a writable folder") from exc
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OutputError(
+                    f"{option} {folder} is in use: another specframe bench is running there (it holds {path}); "
+                    f"wait for it to end, or give another {option} folder"
+                ) from None
+            except OSError:
+                pass  # a file system without locks
+        yield
+    finally:
+        handle.close()
 
 
 def read_records(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:

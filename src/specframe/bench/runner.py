@@ -20,6 +20,7 @@ from specframe.bench.records import (
     RUN_FILE,
     RecordWriter,
     check_same_run,
+    lock_folder,
     prepare_folder,
     read_records,
     read_run,
@@ -178,47 +179,50 @@ def run_bench(
         )
     check_prompt_texts(settings, chosen)  # before the folder is made: a bad prompt leaves nothing behind
     folder = prepare_folder(out)
-    stored = read_run(folder)
-    if stored is not None:
-        check_same_run(stored.get("settings", {}), settings, str(folder))
-    records = read_records(folder / RECORDS_FILE, repair=True)
-    done = {record_key(r) for r in records}
-    methods = settings.methods()
-    todo = [
-        (example, repeat, method)
-        for example in chosen
-        for repeat in range(settings.repeats)
-        for method in turn_order(methods, example.index * settings.repeats + repeat)
-        if (example.index, repeat, method.schedule, method.width) not in done
-    ]
-    run = dict(stored or {})
-    if todo:
-        if done:
-            log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
-        model = model if model is not None else _load_model(settings)
-        decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
-        # Before any request (warm-up included): a schedule that learns (auto) would describe what it has seen.
-        described = {method: decoder.schedule.describe() for method, decoder in decoders.items()}
-        check_prompt_lengths(model, settings, list({ex.index: ex for ex, _, _ in todo}.values()))
-        run = {
-            "settings": settings.to_dict(),
-            "model": model.describe(),
-            "task": {"name": task.name, "description": task.description, "prompts": len(examples)},
-            "environment": machine_description(),
-            "command": command,
-        }
-        costs = {m.label: d.schedule.cost.to_dict() for m, d in decoders.items() if getattr(d.schedule, "cost", None)}
-        if costs:  # the cost model widths and schedules "auto" choose by (one per model: the same for each)
-            run["cost_model"] = next(iter(costs.values()))
-        write_json(folder / RUN_FILE, run)
-        _warm_up(decoders, chosen, settings)
-        with RecordWriter(folder / RECORDS_FILE) as writer:
-            for record in _generate(todo, decoders, described, task, settings, model, progress):
-                writer.write(record)
-                records.append(record)
-    else:
-        log(f"{folder}: all {len(done)} responses already stored; nothing to run")
-    return write_report(folder, settings, records, run, plots=plots)
+    with lock_folder(folder):  # a second bench on the same folder would record every response again
+        stored = read_run(folder)
+        if stored is not None:
+            check_same_run(stored.get("settings", {}), settings, str(folder))
+        records = read_records(folder / RECORDS_FILE, repair=True)
+        done = {record_key(r) for r in records}
+        methods = settings.methods()
+        todo = [
+            (example, repeat, method)
+            for example in chosen
+            for repeat in range(settings.repeats)
+            for method in turn_order(methods, example.index * settings.repeats + repeat)
+            if (example.index, repeat, method.schedule, method.width) not in done
+        ]
+        run = dict(stored or {})
+        if todo:
+            if done:
+                log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
+            model = model if model is not None else _load_model(settings)
+            decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
+            # Before any request (warm-up included): a schedule that learns (auto) would describe what it has seen.
+            described = {method: decoder.schedule.describe() for method, decoder in decoders.items()}
+            check_prompt_lengths(model, settings, list({ex.index: ex for ex, _, _ in todo}.values()))
+            run = {
+                "settings": settings.to_dict(),
+                "model": model.describe(),
+                "task": {"name": task.name, "description": task.description, "prompts": len(examples)},
+                "environment": machine_description(),
+                "command": command,
+            }
+            costs = {
+                m.label: d.schedule.cost.to_dict() for m, d in decoders.items() if getattr(d.schedule, "cost", None)
+            }
+            if costs:  # the cost model widths and schedules "auto" choose by (one per model: the same for each)
+                run["cost_model"] = next(iter(costs.values()))
+            write_json(folder / RUN_FILE, run)
+            _warm_up(decoders, chosen, settings)
+            with RecordWriter(folder / RECORDS_FILE) as writer:
+                for record in _generate(todo, decoders, described, task, settings, model, progress):
+                    writer.write(record)
+                    records.append(record)
+        else:
+            log(f"{folder}: all {len(done)} responses already stored; nothing to run")
+        return write_report(folder, settings, records, run, plots=plots)
 
 
 def check_prompt_texts(settings: BenchSettings, examples: list[Example]) -> None:
