@@ -182,6 +182,27 @@ def test_integer_sequences_and_tensors_are_accepted(model, prompt_ids):
     assert decoder.generate(prompt_ids=prompt_ids).prompt_ids == [1, 2, 3]
 
 
+def test_numpy_integers_are_taken_wherever_an_int_is(model):
+    # prompt_ids took NumPy integers, seed and max_new_tokens refused them: one rule for all (operator.index)
+    reference = compose({"model": model, "acceptance": "rejection", "max_new_tokens": 3, "seed": 7, "width": 2})
+    expected = reference.generate(prompt_ids=[1, 2]).output_ids
+    config = {"acceptance": "rejection", "max_new_tokens": np.int64(3), "seed": np.uint32(7), "width": np.int16(2)}
+    decoder = compose({"model": model, **config, "threads": np.int64(1)})
+    assert decoder.generate(prompt_ids=np.array([1, 2])).output_ids == expected
+    compose({"model": model, "stop": [[np.int64(5), 6]]})  # token-id stop sequences likewise
+    per_call = reference.generate(prompt_ids=[1, 2], max_new_tokens=np.int32(3), seed=np.int64(7))
+    assert per_call.output_ids == expected and type(per_call.output_ids[0]) is int
+
+
+@pytest.mark.parametrize("value", [np.bool_(True), True, np.float64(3.0), 3.0])
+@pytest.mark.parametrize("key", ["seed", "max_new_tokens"])
+def test_numpy_booleans_and_floats_are_still_not_integers(model, key, value):
+    with pytest.raises(ConfigError, match=f"{key} must be an integer"):
+        compose({"model": model, key: value})
+    with pytest.raises(InputError, match=f"{key} must be an integer"):
+        compose({"model": model, "max_new_tokens": 2}).generate(prompt_ids=[1, 2], **{key: value})
+
+
 @pytest.mark.parametrize("prompt", [123, [1, 2], b"text"])
 def test_prompt_must_be_text(prompt):
     decoder = compose({"schedule": "ar", "max_new_tokens": 2})
