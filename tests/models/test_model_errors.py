@@ -200,6 +200,16 @@ def test_missing_folder_and_file_instead_of_folder(tmp_path, nemotron_dir):
         load_model(nemotron_dir / "config.json")
 
 
+def test_the_current_folder_is_named_not_dot(tmp_path, nemotron_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # holds no config.json: the message said only "config.json does not exist"
+    with pytest.raises(CheckpointError, match=f"model config not found: {tmp_path / 'config.json'} does not exist"):
+        load_model(".")
+    shutil.copytree(nemotron_dir, tmp_path / "m")
+    monkeypatch.chdir(tmp_path / "m")
+    assert load_model(".").name == str(tmp_path / "m")
+    assert load_model("../m").name == "../m"  # a path that names the folder is kept as typed
+
+
 def test_prompt_beyond_the_context(nemotron64):
     cache = nemotron64.new_cache(4)
     run(nemotron64, cache, [5, 6], [254, 255], causal(2))  # the last position is fine
