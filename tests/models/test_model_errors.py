@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -185,6 +186,23 @@ def test_tokenizer_larger_than_the_model(tmp_path, nemotron_dir):
     shutil.copy(nemotron_dir / "tokenizer.json", folder / "tokenizer.json")  # a 512-token tokenizer
     with pytest.raises(CheckpointError, match="tokenizer .* produces ids up to 511 .* only 400 entries"):
         load_model(folder)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"a": 1}', "is JSON but not a tokenizer.json (no 'model' object"),
+        ("[1, 2]", "is JSON but not a tokenizer.json"),
+        ('{"version": "1.0", "model": {"type": "BPE"}}', "is not a valid tokenizer.json (Missing vocab/merges"),
+        ('{"model": ', "is not valid JSON (Expecting value"),
+    ],
+)
+def test_a_tokenizer_json_that_is_not_a_tokenizer_says_so(nemotron_copy, text, message):
+    # tokenizers words each of these as a JSON syntax error ('{"a": 1}': "expected `,` or `}` at line 1 column 5")
+    (nemotron_copy / "tokenizer.json").write_text(text)
+    with pytest.raises(CheckpointError, match=re.escape(message)) as info:
+        load_model(nemotron_copy)
+    assert str(nemotron_copy / "tokenizer.json") in str(info.value) and "re-download" in str(info.value)
 
 
 def test_special_id_outside_the_vocabulary(nemotron_copy):
