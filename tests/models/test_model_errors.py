@@ -103,6 +103,22 @@ def test_no_weights(nemotron_copy):
         load_model(nemotron_copy)
 
 
+def test_a_weight_file_that_cannot_be_read_is_not_called_missing(nemotron_copy):
+    path = nemotron_copy / "model.safetensors"
+    path.unlink()
+    path.symlink_to(path.name)  # a link to itself: reading it fails with ELOOP, and is_file() is False
+    with pytest.raises(CheckpointError, match=f"{path} is a symbolic link loop; restore or re-download"):
+        load_model(nemotron_copy)
+    path.unlink()
+    path.symlink_to("blobs/gone")  # as a Hub cache whose blob was deleted
+    with pytest.raises(CheckpointError, match=f"{path} is a symbolic link to blobs/gone, which does not exist"):
+        load_model(nemotron_copy)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(CheckpointError, match=f"{path} is a folder, not a weight file"):
+        load_model(nemotron_copy)
+
+
 def test_unknown_model_type_lists_known_ones(nemotron_copy):
     _edit_config(nemotron_copy, model_type="llama")
     with pytest.raises(CheckpointError, match=r"model_type 'llama'.*'bd3lm'.*'nemotron_labs_diffusion'"):
