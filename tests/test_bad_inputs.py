@@ -769,7 +769,8 @@ def test_a_damaged_weight_index_is_a_checkpoint_error(tmp_path, index, message):
 def test_an_adapter_that_is_neither_a_flag_nor_a_folder_is_a_config_error(tmp_path, adapter):
     folder = write_random_checkpoint(NEMOTRON, tmp_path / "m", seed=1, tokenizer=False, lora_rank=2)
     with pytest.raises(
-        ConfigError, match=f"adapter must be True, False, None or an adapter folder path, got {re.escape(repr(adapter))}"
+        ConfigError,
+        match=f"adapter must be True, False, None or an adapter folder path, got {re.escape(repr(adapter))}",
     ):
         load_model(folder, adapter=adapter)
 
