@@ -182,6 +182,27 @@ def test_integer_sequences_and_tensors_are_accepted(model, prompt_ids):
     assert decoder.generate(prompt_ids=prompt_ids).prompt_ids == [1, 2, 3]
 
 
+def test_numpy_integers_are_taken_wherever_an_int_is(model):
+    # prompt_ids took NumPy integers, seed and max_new_tokens refused them: one rule for all (operator.index)
+    reference = compose({"model": model, "acceptance": "rejection", "max_new_tokens": 3, "seed": 7, "width": 2})
+    expected = reference.generate(prompt_ids=[1, 2]).output_ids
+    config = {"acceptance": "rejection", "max_new_tokens": np.int64(3), "seed": np.uint32(7), "width": np.int16(2)}
+    decoder = compose({"model": model, **config, "threads": np.int64(1)})
+    assert decoder.generate(prompt_ids=np.array([1, 2])).output_ids == expected
+    compose({"model": model, "stop": [[np.int64(5), 6]]})  # token-id stop sequences likewise
+    per_call = reference.generate(prompt_ids=[1, 2], max_new_tokens=np.int32(3), seed=np.int64(7))
+    assert per_call.output_ids == expected and type(per_call.output_ids[0]) is int
+
+
+@pytest.mark.parametrize("value", [np.bool_(True), True, np.float64(3.0), 3.0])
+@pytest.mark.parametrize("key", ["seed", "max_new_tokens"])
+def test_numpy_booleans_and_floats_are_still_not_integers(model, key, value):
+    with pytest.raises(ConfigError, match=f"{key} must be an integer"):
+        compose({"model": model, key: value})
+    with pytest.raises(InputError, match=f"{key} must be an integer"):
+        compose({"model": model, "max_new_tokens": 2}).generate(prompt_ids=[1, 2], **{key: value})
+
+
 @pytest.mark.parametrize("prompt", [123, [1, 2], b"text"])
 def test_prompt_must_be_text(prompt):
     decoder = compose({"schedule": "ar", "max_new_tokens": 2})
@@ -282,7 +303,7 @@ def test_a_bad_yarn_factor_is_refused(tmp_path, factor):
     folder = write_random_checkpoint(
         NEMOTRON, tmp_path / "m", seed=1, tokenizer=False, rope_parameters={"factor": factor}
     )
-    with pytest.raises(CheckpointError, match=r"rope factor=.*expected a number >= 1"):
+    with pytest.raises(CheckpointError, match=r"rope factor=.*expected a finite number >= 1"):
         load_model(folder)
 
 
@@ -473,6 +494,12 @@ def test_more_threads_than_cores_is_refused_before_torch_is_asked(capsys, tmp_pa
         ({"bf16": "yes"}, "bf16 must be true or false"),
         ({"objective": 3}, "objective must be a JSON object"),
         ({"num_key_value_heads": 3}, "num_attention_heads=4 must be a multiple of num_key_value_heads=3"),
+        ({"vocab_size": 10}, r"vocab_size must be at least 534 for setdlm .*, got 10"),
+        ({"objective": {"span": -1}}, "objective.span must be an integer >= 0, got -1"),
+        ({"objective": {"span": "abc"}}, "objective.span must be an integer >= 0, got 'abc'"),
+        ({"objective": {"ltr_prob": 1.5}}, "objective.ltr_prob must be between 0 and 1, got 1.5"),
+        ({"objective": {"max_block": 9}}, r"unknown option\(s\) max_block for setdlm \(its objective's options: span"),
+        ({"objective": {"mask_id": 3}}, r"unknown option\(s\) mask_id for setdlm"),
     ],
 )
 def test_training_settings_are_checked(overrides, message):
@@ -484,11 +511,43 @@ def test_training_settings_are_checked(overrides, message):
 
 
 @pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"vocab_size": 639}, r"vocab_size must be at least 640 for nemotron-labs-diffusion .*, got 639"),
+        ({"objective": {"span": 8}}, r"unknown option\(s\) span for nemotron-labs-diffusion"),
+        ({"objective": {"min_block": 4, "max_block": 3}}, "objective.max_block must be an integer >= 4, got 3"),
+        ({"objective": {"diffusion_weight": float("inf")}}, "objective.diffusion_weight must be a finite number"),
+        ({"objective": {"max_period": 1}}, "objective.max_period must be an integer >= 2, got 1"),
+    ],
+)
+def test_nemotron_training_settings_are_checked(overrides, message):
+    from specframe.training.trainer import preset
+
+    with pytest.raises(ValueError, match=message):
+        preset("nemotron", **overrides)
+
+
+def test_the_objective_examples_of_train_help_are_valid_settings():
+    from specframe.cli import build_parser
+    from specframe.training.trainer import preset
+
+    train = build_parser(["train"]).subcommands["train"]
+    text = " ".join(next(a.help for a in train._actions if "--set" in a.option_strings).split())
+    examples = re.findall(r"objective=(\{[^}]*\}) for (\w+)", text)
+    assert {family for _, family in examples} == {"nemotron", "setdlm"}, text
+    for value, family in examples:
+        assert preset(family, objective=json.loads(value)).objective == json.loads(value)
+
+
+@pytest.mark.parametrize(
     ("extra", "message"),
     [
         (["--set", "hidden_size=abc"], "hidden_size must be an integer >= 1, got 'abc'"),
         (["--set", "hiden_size=64"], "unknown training setting(s) hiden_size; settings: vocab_size, hidden_size"),
         (["--steps", "0"], "steps must be an integer >= 1, got 0"),
+        (["--set", "vocab_size=10"], "vocab_size must be at least 534 for setdlm"),
+        (["--set", 'objective={"span": -1}'], "objective.span must be an integer >= 0, got -1"),
+        (["--set", 'objective={"span": "abc"}'], "objective.span must be an integer >= 0, got 'abc'"),
     ],
 )
 def test_train_refuses_bad_settings_before_writing_anything(capsys, tmp_path, extra, message):
@@ -496,6 +555,13 @@ def test_train_refuses_bad_settings_before_writing_anything(capsys, tmp_path, ex
     code, _, err = _cli(capsys, "train", "setdlm", "--work-dir", str(work), *extra)
     assert code == 1 and message in err and "internal error" not in err, err
     assert not work.exists()
+
+
+def test_train_refuses_another_familys_objective_option_before_writing_anything(capsys, tmp_path):
+    work = tmp_path / "run"  # span is SetDLM's: `train --help` gave it as the example for every family
+    code, _, err = _cli(capsys, "train", "nemotron", "--work-dir", str(work), "--set", 'objective={"span": 8}')
+    assert code == 1 and "unknown option(s) span for nemotron-labs-diffusion" in err and "max_block" in err, err
+    assert "internal error" not in err and not work.exists()
 
 
 def test_train_refuses_a_work_folder_that_cannot_be_one(capsys, tmp_path):

@@ -32,7 +32,7 @@ from specframe.acceptance.base import AcceptanceRule
 from specframe.blame import remember
 from specframe.choice import setup as choice_setup
 from specframe.choice.setup import check_cost
-from specframe.decoder import Decoder, seed_problem
+from specframe.decoder import Decoder, as_integer, seed_problem
 from specframe.errors import ConfigError, PluginError, SpecframeError
 from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
@@ -134,11 +134,13 @@ class DecoderConfig:
             ConfigError: Naming the first bad field, what is wrong and what to do.
         """
         if self.width != "auto":
-            _check_int("width", self.width, minimum=1, hint='or "auto"')
+            self.width = _check_int("width", self.width, minimum=1, hint='or "auto"')
         check_cost(self.cost)
-        _check_int("max_new_tokens", self.max_new_tokens, minimum=1)
-        if self.seed is not None and seed_problem(self.seed):
-            raise ConfigError(f"seed {seed_problem(self.seed)}")
+        self.max_new_tokens = _check_int("max_new_tokens", self.max_new_tokens, minimum=1)
+        if self.seed is not None:
+            if seed_problem(self.seed):
+                raise ConfigError(f"seed {seed_problem(self.seed)}")
+            self.seed = as_integer(self.seed)  # a NumPy integer is taken as the int it is
         if self.model is not None and not isinstance(self.model, (str, ModelBackend)):
             raise ConfigError(
                 f"model must be a Hub repo id, a folder path, a loaded ModelBackend or None, got {self.model!r}"
@@ -163,7 +165,7 @@ class DecoderConfig:
                 f"adapter must be true, false or null (the checkpoint's own drafter), got {self.adapter!r}"
             )
         if self.threads is not None:
-            check_threads(self.threads)
+            self.threads = check_threads(self.threads)
         if not isinstance(self.compile, bool):
             raise ConfigError(f"compile must be true or false, got {self.compile!r}")
         for name in ("schedule", "order", "acceptance"):
@@ -179,7 +181,7 @@ class DecoderConfig:
             elif not (
                 isinstance(item, Sequence)
                 and item
-                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in item)
+                and all(as_integer(t) is not None and as_integer(t) >= 0 for t in item)
             ):
                 raise ConfigError(f"stop entries must be non-empty strings or lists of token ids, got {item!r}")
 
@@ -420,8 +422,11 @@ def _stop_sequences(cfg: DecoderConfig, model: ModelBackend) -> list[list[int]]:
     return sequences
 
 
-def _check_int(name: str, value: Any, *, minimum: int, hint: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+def _check_int(name: str, value: Any, *, minimum: int, hint: str = "") -> int:
+    """``value`` as an int (a NumPy integer is one too), checked against ``minimum``."""
+    number = as_integer(value)
+    if number is None:
         raise ConfigError(f"{name} must be an integer{' ' + hint if hint else ''}, got {value!r}")
-    if value < minimum:
+    if number < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {value}")
+    return number

@@ -52,10 +52,25 @@ def fits_context(prompt_tokens: int, max_new_tokens: int, model: ModelBackend) -
     return prompt_tokens + max_new_tokens - 1 <= model.max_positions
 
 
+def as_integer(value: Any) -> int | None:
+    """``value`` as a Python int when it is an integer, else ``None``.
+
+    Integers are Python's and NumPy's (anything with ``__index__``, as ``prompt_ids`` entries are read), never
+    booleans (Python's or NumPy's) or floats, even integral ones.
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def seed_problem(seed: Any) -> str | None:
     """What is wrong with a seed (``None`` when it is a valid one: an integer in ``[0, 2**64 - 1]``)."""
-    if isinstance(seed, bool) or not isinstance(seed, int):
+    if as_integer(seed) is None:
         return f"must be an integer in [0, 2**64 - 1] (or None for a fresh random seed), got {seed!r}"
+    seed = as_integer(seed)
     if not 0 <= seed <= MAX_SEED:
         return f"must lie in [0, 2**64 - 1], got {seed}; use a non-negative integer below 2**64"
     return None
@@ -230,9 +245,10 @@ class Decoder:
     ) -> DecodeState:
         """Validate one request and build its state."""
         ids = self._prompt_ids(prompt, prompt_ids)
-        limit = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InputError(f"max_new_tokens must be an integer >= 1, got {limit!r}")
+        given = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        limit = as_integer(given)
+        if limit is None or limit < 1:
+            raise InputError(f"max_new_tokens must be an integer >= 1, got {given!r}")
         if not fits_context(len(ids), limit, self.model):
             raise InputError(
                 f"prompt of {len(ids)} tokens plus max_new_tokens={limit} exceeds the model's context of "
@@ -240,7 +256,7 @@ class Decoder:
             )
         if seed is not None and seed_problem(seed):
             raise InputError(f"seed {seed_problem(seed)}")
-        return DecodeState(ids, limit, self._context(self.seed if seed is None else seed))
+        return DecodeState(ids, limit, self._context(self.seed if seed is None else as_integer(seed)))
 
     def _result(self, state: DecodeState, metrics: Metrics) -> Generation:
         output = state.output_ids()

@@ -1,13 +1,17 @@
+import errno
 import json
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 
 from specframe.bench import BenchSettings, merge_runs, run_bench
-from specframe.bench.records import read_records, record_key
+from specframe.bench.records import lock_folder, read_records, record_key
 from specframe.bench.runner import select_examples, turn_order
 from specframe.bench.settings import Method
-from specframe.errors import InputError, SpecframeError
+from specframe.errors import InputError, OutputError, SpecframeError
 
 
 def settings(**overrides):
@@ -255,3 +259,125 @@ def test_a_lossy_method_is_labelled_and_compared_token_for_token_with_the_baseli
     from specframe.bench.plots import _groups
 
     assert [schedule for schedule, _ in _groups(summary, "throughput_ratio")] == ["native*", "packed"]
+
+
+def test_an_empty_prompt_fails_before_any_record_and_on_resume_alike(tmp_path, tiny_setdlm):
+    # prompt 2 is empty: it used to fail at its turn, after prompts 0 and 1 were recorded, and on every resume
+    task_file = tmp_path / "prompts.jsonl"
+    rows = [("a", "def f(x):"), ("b", "x = 1"), ("c", ""), ("d", "")]
+    task_file.write_text("".join(json.dumps({"id": n, "prompt": p}) + "\n" for n, p in rows))
+    out = tmp_path / "out"
+    for _ in range(2):
+        with pytest.raises(InputError) as info:
+            run(out, tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=2)
+        message = str(info.value)
+        assert f"2 of 4 prompt(s) of task file {task_file} cannot be decoded" in message
+        assert "prompt 2 (c): the prompt is empty; prompt 3 (d): the prompt is empty; nothing was run" in message
+        assert not out.exists()
+    # a template that gives the empty prompt some text makes it decodable
+    summary, _ = run(
+        out, tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=2, prompt_template="Q:{prompt}"
+    )
+    assert summary["prompts"] == 4
+
+
+def test_a_lone_surrogate_in_a_prompt_names_the_file_and_prompt_and_leaves_no_folder(tmp_path, tiny_setdlm):
+    task_file = tmp_path / "prompts.jsonl"
+    task_file.write_text('{"id": "a", "prompt": "def f(x):"}\n{"id": "b", "prompt": "x = \\ud800"}\n')
+    out = tmp_path / "out"
+    with pytest.raises(InputError) as info:
+        run(out, tiny_setdlm, task_file=str(task_file), limit=None, max_new_tokens=2)
+    message = str(info.value)
+    assert f"1 of 2 prompt(s) of task file {task_file} cannot be decoded: prompt 1 (b): " in message
+    assert "lone surrogate" in message and "nothing was run" in message
+    assert not out.exists()
+
+
+class _DiskFullAfter:
+    """A text file whose ``calls``-th write stores half its line and then fails as a full disk does."""
+
+    def __init__(self, handle, calls):
+        self._handle, self._calls = handle, calls
+
+    def write(self, text):
+        self._calls -= 1
+        if self._calls == 0:
+            self._handle.write(text[: len(text) // 2])
+            self._handle.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self._handle.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._handle, name)
+
+
+def test_a_full_disk_names_the_records_file_and_the_rerun_resumes(tmp_path, tiny_setdlm, monkeypatch):
+    import specframe.bench.records as records_module
+
+    monkeypatch.setattr(records_module, "open", lambda *a, **k: _DiskFullAfter(open(*a, **k), 4), raising=False)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError) as info:
+        run(out, tiny_setdlm)
+    assert str(info.value).startswith(f"cannot write {out / 'records.jsonl'} (No space left on device); ")
+    assert "rerun the same command to resume" in str(info.value)
+    assert len(read_records(out / "records.jsonl")) == 3  # the torn fourth line is not a record
+    monkeypatch.undo()
+    run(out, tiny_setdlm)
+    keys = [record_key(r) for r in read_records(out / "records.jsonl")]
+    assert len(keys) == len(set(keys)) == 9
+    run(tmp_path / "clean", tiny_setdlm)
+    assert outputs(out) == outputs(tmp_path / "clean")
+
+
+def test_a_full_disk_at_the_summary_names_it_and_leaves_no_temporary_file(tmp_path, tiny_setdlm, monkeypatch):
+    from pathlib import Path
+
+    write_text = Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name == "summary.json.tmp":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match=f"cannot write {out / 'summary.json'} \\(No space left on device\\)"):
+        run(out, tiny_setdlm)
+    assert len(read_records(out / "records.jsonl")) == 9 and not (out / "summary.json.tmp").exists()
+
+
+def test_a_second_bench_on_a_busy_folder_is_refused_and_records_nothing(tmp_path, tiny_setdlm):
+    out = tmp_path / "out"
+    out.mkdir()
+    with lock_folder(out):  # as a bench running in another process holds it
+        with pytest.raises(OutputError) as info:
+            run(out, tiny_setdlm)
+        assert f"--out {out} is in use: another specframe bench is running there" in str(info.value)
+        assert not (out / "records.jsonl").exists() and not (out / "run.json").exists()
+    run(out, tiny_setdlm)  # released: the folder is usable again
+    assert len(read_records(out / "records.jsonl")) == 9
+
+
+def test_the_folder_lock_ends_with_a_killed_process(tmp_path, tiny_setdlm):
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(OutputError, match="another specframe bench is running there"):
+            run(out, tiny_setdlm)
+    finally:
+        holder.kill()  # SIGKILL: no clean-up code of the holder runs
+        holder.wait()
+    run(out, tiny_setdlm)
+    assert len(read_records(out / "records.jsonl")) == 9
+
+
+HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from specframe.bench.records import lock_folder
+with lock_folder(Path(sys.argv[1])):
+    print("locked", flush=True)
+    time.sleep(600)
+"""

@@ -13,7 +13,7 @@ def write_jsonl(path, rows):
 
 
 def test_registry_and_unknown_task():
-    assert set(TASKS) == {"smoke", "humaneval", "mbpp", "gsm8k", "math500", "writingbench"}
+    assert set(TASKS) == {"smoke", "chat", "humaneval", "mbpp", "gsm8k", "math500", "writingbench"}
     with pytest.raises(ConfigError, match="choose one of"):
         get_task("nope")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -102,6 +103,22 @@ def test_no_weights(nemotron_copy):
         load_model(nemotron_copy)
 
 
+def test_a_weight_file_that_cannot_be_read_is_not_called_missing(nemotron_copy):
+    path = nemotron_copy / "model.safetensors"
+    path.unlink()
+    path.symlink_to(path.name)  # a link to itself: reading it fails with ELOOP, and is_file() is False
+    with pytest.raises(CheckpointError, match=f"{path} is a symbolic link loop; restore or re-download"):
+        load_model(nemotron_copy)
+    path.unlink()
+    path.symlink_to("blobs/gone")  # as a Hub cache whose blob was deleted
+    with pytest.raises(CheckpointError, match=f"{path} is a symbolic link to blobs/gone, which does not exist"):
+        load_model(nemotron_copy)
+    path.unlink()
+    path.mkdir()
+    with pytest.raises(CheckpointError, match=f"{path} is a folder, not a weight file"):
+        load_model(nemotron_copy)
+
+
 def test_unknown_model_type_lists_known_ones(nemotron_copy):
     _edit_config(nemotron_copy, model_type="llama")
     with pytest.raises(CheckpointError, match=r"model_type 'llama'.*'bd3lm'.*'nemotron_labs_diffusion'"):
@@ -124,6 +141,41 @@ def test_unsupported_rope_type(nemotron_copy):
     _edit_config(nemotron_copy, rope_parameters={"rope_type": "longrope", "rope_theta": 1e6})
     with pytest.raises(CheckpointError, match="rope type 'longrope'"):
         load_model(nemotron_copy)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value", "message"),
+    [
+        (None, "rms_norm_eps", NAN, "rms_norm_eps=nan"),
+        (None, "rms_norm_eps", INF, "rms_norm_eps=inf"),
+        ("rope_parameters", "mscale", NAN, "rope mscale=nan"),
+        ("rope_parameters", "factor", INF, "rope factor=inf"),
+        ("rope_parameters", "rope_theta", NAN, "rope_theta=nan"),
+        ("rope_parameters", "rope_theta", INF, "rope_theta=inf"),
+        ("rope_parameters", "beta_fast", NAN, "rope beta_fast=nan"),
+        ("rope_parameters", "llama_4_scaling_beta", NAN, "rope llama_4_scaling_beta=nan"),
+    ],
+)
+def test_non_finite_config_numbers_are_refused(nemotron_copy, where, key, value, message):
+    # json writes NaN and Infinity, and Python's json reads them back: they must not load and decode garbage
+    config = json.loads((nemotron_copy / "config.json").read_text())
+    (config[where] if where else config)[key] = value
+    (nemotron_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"config\.json: unsupported value\(s\) {message} \(.*expected a finite"):
+        load_model(nemotron_copy)
+
+
+@pytest.mark.parametrize("value", [NAN, INF])
+def test_non_finite_setdlm_backbone_rope_theta_is_refused(tmp_path, value):
+    folder = write_random_checkpoint(SETDLM, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["backbone_config"]["rope_theta"] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"rope_theta={value!r} \(expected a finite number > 1\)"):
+        load_model(folder)
 
 
 def test_rope_scaling_alias_and_top_level_theta(nemotron_copy, nemotron_dir):
@@ -152,6 +204,23 @@ def test_tokenizer_larger_than_the_model(tmp_path, nemotron_dir):
         load_model(folder)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"a": 1}', "is JSON but not a tokenizer.json (no 'model' object"),
+        ("[1, 2]", "is JSON but not a tokenizer.json"),
+        ('{"version": "1.0", "model": {"type": "BPE"}}', "is not a valid tokenizer.json (Missing vocab/merges"),
+        ('{"model": ', "is not valid JSON (Expecting value"),
+    ],
+)
+def test_a_tokenizer_json_that_is_not_a_tokenizer_says_so(nemotron_copy, text, message):
+    # tokenizers words each of these as a JSON syntax error ('{"a": 1}': "expected `,` or `}` at line 1 column 5")
+    (nemotron_copy / "tokenizer.json").write_text(text)
+    with pytest.raises(CheckpointError, match=re.escape(message)) as info:
+        load_model(nemotron_copy)
+    assert str(nemotron_copy / "tokenizer.json") in str(info.value) and "re-download" in str(info.value)
+
+
 def test_special_id_outside_the_vocabulary(nemotron_copy):
     _edit_config(nemotron_copy, mask_token_id=600)
     with pytest.raises(CheckpointError, match="mask_token_id=600 outside the model vocabulary of 512"):
@@ -163,6 +232,16 @@ def test_missing_folder_and_file_instead_of_folder(tmp_path, nemotron_dir):
         load_model(tmp_path / "absent")
     with pytest.raises(CheckpointError, match="is a file"):
         load_model(nemotron_dir / "config.json")
+
+
+def test_the_current_folder_is_named_not_dot(tmp_path, nemotron_dir, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # holds no config.json: the message said only "config.json does not exist"
+    with pytest.raises(CheckpointError, match=f"model config not found: {tmp_path / 'config.json'} does not exist"):
+        load_model(".")
+    shutil.copytree(nemotron_dir, tmp_path / "m")
+    monkeypatch.chdir(tmp_path / "m")
+    assert load_model(".").name == str(tmp_path / "m")
+    assert load_model("../m").name == "../m"  # a path that names the folder is kept as typed
 
 
 def test_prompt_beyond_the_context(nemotron64):

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from specframe.bench.plots import plot_comparisons
-from specframe.bench.records import SUMMARY_FILE, write_json
+from specframe.bench.records import SUMMARY_FILE, write_failed, write_json
 from specframe.bench.report import format_report
 from specframe.bench.settings import BenchSettings
 from specframe.bench.summary import summarize
@@ -99,6 +99,9 @@ def write_report(
     write_json(folder / SUMMARY_FILE, summary)
     model_name = model_display_name((run.get("model") or {}).get("name") or settings.model or DEFAULT_MODEL)
     if plots:
-        plot_comparisons(summary, folder, title=f"{model_name} on {settings.task}, ")
+        try:
+            plot_comparisons(summary, folder, title=f"{model_name} on {settings.task}, ")
+        except OSError as exc:
+            raise write_failed(exc.filename or f"the plots in {folder}", exc) from exc
     title = f"{settings.task} on {model_name} ({settings.order}, T={settings.temperature:g}): "
     return summary, format_report(summary, title=title)

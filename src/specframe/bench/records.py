@@ -2,23 +2,31 @@
 
 Records are appended and flushed one at a time, so a run that is killed loses at most the response in
 flight; a torn last line is dropped when the folder is opened again. A record is identified by
-``(prompt_index, repeat, schedule, width)``.
+``(prompt_index, repeat, schedule, width)``. A run holds a lock on its folder (:func:`lock_folder`), so a
+second run on the same folder is refused instead of recording every response again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from specframe.bench.settings import BenchSettings, Method, differences
 from specframe.errors import OutputError, SpecframeError
 
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks of this kind
+    fcntl = None  # type: ignore[assignment]
+
 RUN_FILE = "run.json"
 RECORDS_FILE = "records.jsonl"
 SUMMARY_FILE = "summary.json"
+LOCK_FILE = ".specframe-bench.lock"
 
 Key = tuple[int, int, str, "int | None"]
 
@@ -60,6 +68,42 @@ def prepare_folder(out: str | Path, *, option: str = "--out") -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def lock_folder(folder: Path, *, option: str = "--out") -> Iterator[None]:
+    """Hold an exclusive lock on an output folder while a run writes into it.
+
+    The lock is an ``flock`` on :data:`LOCK_FILE` inside the folder, so the operating system releases it when
+    the process ends, however it ends. Where files cannot be locked (no ``fcntl``, or a file system without
+    locks) the run goes ahead unlocked.
+
+    Args:
+        folder: The output folder (it exists).
+        option: The command-line option that named it, for messages.
+
+    Raises:
+        OutputError: If another process holds the lock, or the lock file cannot be created.
+    """
+    path = folder / LOCK_FILE
+    try:
+        handle = open(path, "a+b")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise write_failed(path, exc, "give a writable folder") from exc
+    try:
+        if fcntl is not None:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OutputError(
+                    f"{option} {folder} is in use: another specframe bench is running there (it holds {path}); "
+                    f"wait for it to end, or give another {option} folder"
+                ) from None
+            except OSError:
+                pass  # a file system without locks
+        yield
+    finally:
+        handle.close()
+
+
 def read_records(path: str | Path, *, repair: bool = False) -> list[dict[str, Any]]:
     """The records of a ``records.jsonl`` file (an empty list if it does not exist).
 
@@ -92,22 +136,52 @@ def read_records(path: str | Path, *, repair: bool = False) -> list[dict[str, An
     return records
 
 
+RESUME_AFTER_FAILURE = (
+    "the responses stored before it are kept: make room (or fix the folder), then rerun the same command to resume"
+)
+
+
+def write_failed(path: str | Path, exc: OSError, hint: str = RESUME_AFTER_FAILURE) -> OutputError:
+    """The error for a file of an output folder that could not be written (a full disk, a lost permission).
+
+    Args:
+        path: The file.
+        exc: The operating system's error.
+        hint: What the user can do.
+    """
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return OutputError(f"cannot write {path} ({reason}); {hint}")
+
+
 class RecordWriter:
-    """Appends records to ``records.jsonl``, flushing each line to disk."""
+    """Appends records to ``records.jsonl``, flushing each line to disk.
+
+    Raises:
+        OutputError: From the constructor and :meth:`write`, naming the file, when it cannot be written.
+    """
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        try:
+            self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        except OSError as exc:
+            raise write_failed(self.path, exc) from exc
 
     def write(self, record: Mapping[str, Any]) -> None:
-        """Append one record and flush it."""
-        self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        """Append one record and flush it (a line cut short by a failure is dropped on resume)."""
+        try:
+            self._handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            self._handle.flush()
+            os.fsync(self._handle.fileno())
+        except OSError as exc:
+            raise write_failed(self.path, exc) from exc
 
     def close(self) -> None:
-        """Close the file."""
-        self._handle.close()
+        """Close the file (after a failed write, what the failure left in the buffer is given up)."""
+        try:
+            self._handle.close()
+        except OSError:
+            pass  # only after a failed write, which raised already: every record is flushed when written
 
     def __enter__(self) -> RecordWriter:
         return self
@@ -117,10 +191,17 @@ class RecordWriter:
 
 
 def write_records(path: str | Path, records: Iterable[Mapping[str, Any]]) -> None:
-    """Write a whole records file (used by merge)."""
-    with open(path, "w", encoding="utf-8") as handle:
-        for record in records:
-            handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    """Write a whole records file (used by merge).
+
+    Raises:
+        OutputError: Naming the file, when it cannot be written.
+    """
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+    except OSError as exc:
+        raise write_failed(path, exc, "make room (or fix the folder), then rerun the same command") from exc
 
 
 def read_run(folder: str | Path) -> dict[str, Any] | None:
@@ -139,11 +220,20 @@ def read_run(folder: str | Path) -> dict[str, Any] | None:
 
 
 def write_json(path: str | Path, data: Any) -> None:
-    """Write JSON atomically (a temporary file renamed into place)."""
+    """Write JSON atomically (a temporary file renamed into place).
+
+    Raises:
+        OutputError: Naming the file, when it cannot be written (the file keeps its previous content).
+    """
     path = Path(path)
     temporary = path.with_suffix(path.suffix + ".tmp")
-    temporary.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        raise write_failed(path, exc) from exc
 
 
 RESUME_HINT = "rerun with the stored settings to resume it, or use a new --out folder"

@@ -20,18 +20,20 @@ from specframe.bench.records import (
     RUN_FILE,
     RecordWriter,
     check_same_run,
+    lock_folder,
     prepare_folder,
     read_records,
     read_run,
     record_key,
     write_json,
 )
-from specframe.bench.settings import MAX_REPEATS, BenchSettings, Method
+from specframe.bench.settings import CHAT, MAX_REPEATS, BenchSettings, Method
 from specframe.bench.tasks import Example, Task, digest, get_task
 from specframe.decoder import Decoder, Generation, fits_context, seed_problem
 from specframe.errors import ConfigError, InputError, SpecframeError
 from specframe.models.base import ModelBackend
 from specframe.models.hub import model_display_name
+from specframe.models.tokenizer import unicode_problem
 from specframe.specs import parse_spec
 
 
@@ -181,48 +183,79 @@ def run_bench(
             f"--seed {settings.seed} is too large: response seeds are seed + {MAX_REPEATS} * prompt index + repeat, "
             f"up to {last_seed} here, beyond the largest seed 2**64 - 1; use a smaller --seed"
         )
+    check_prompt_texts(settings, chosen)  # before the folder is made: a bad prompt leaves nothing behind
     folder = prepare_folder(out)
-    stored = read_run(folder)
-    if stored is not None:
-        check_same_run(stored.get("settings", {}), settings, str(folder))
-    records = read_records(folder / RECORDS_FILE, repair=True)
-    done = {record_key(r) for r in records}
-    methods = settings.methods()
-    todo = [
-        (example, repeat, method)
-        for example in chosen
-        for repeat in range(settings.repeats)
-        for method in turn_order(methods, example.index * settings.repeats + repeat)
-        if (example.index, repeat, method.schedule, method.width) not in done
-    ]
-    run = dict(stored or {})
-    if todo:
-        if done:
-            log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
-        model = model if model is not None else _load_model(settings)
-        decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
-        # Before any request (warm-up included): a schedule that learns (auto) would describe what it has seen.
-        described = {method: decoder.schedule.describe() for method, decoder in decoders.items()}
-        check_prompt_lengths(model, settings, list({ex.index: ex for ex, _, _ in todo}.values()))
-        run = {
-            "settings": settings.to_dict(),
-            "model": model.describe(),
-            "task": {"name": task.name, "description": task.description, "prompts": len(examples)},
-            "environment": machine_description(),
-            "command": command,
-        }
-        costs = {m.label: d.schedule.cost.to_dict() for m, d in decoders.items() if getattr(d.schedule, "cost", None)}
-        if costs:  # the cost model widths and schedules "auto" choose by (one per model: the same for each)
-            run["cost_model"] = next(iter(costs.values()))
-        write_json(folder / RUN_FILE, run)
-        _warm_up(decoders, chosen, settings)
-        with RecordWriter(folder / RECORDS_FILE) as writer:
-            for record in _generate(todo, decoders, described, task, settings, model, progress):
-                writer.write(record)
-                records.append(record)
-    else:
-        log(f"{folder}: all {len(done)} responses already stored; nothing to run")
-    return write_report(folder, settings, records, run, plots=plots)
+    with lock_folder(folder):  # a second bench on the same folder would record every response again
+        stored = read_run(folder)
+        if stored is not None:
+            check_same_run(stored.get("settings", {}), settings, str(folder))
+        records = read_records(folder / RECORDS_FILE, repair=True)
+        done = {record_key(r) for r in records}
+        methods = settings.methods()
+        todo = [
+            (example, repeat, method)
+            for example in chosen
+            for repeat in range(settings.repeats)
+            for method in turn_order(methods, example.index * settings.repeats + repeat)
+            if (example.index, repeat, method.schedule, method.width) not in done
+        ]
+        run = dict(stored or {})
+        if todo:
+            if done:
+                log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
+            model = model if model is not None else _load_model(settings)
+            decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
+            # Before any request (warm-up included): a schedule that learns (auto) would describe what it has seen.
+            described = {method: decoder.schedule.describe() for method, decoder in decoders.items()}
+            check_prompt_lengths(model, settings, list({ex.index: ex for ex, _, _ in todo}.values()))
+            run = {
+                "settings": settings.to_dict(),
+                "model": model.describe(),
+                "task": {"name": task.name, "description": task.description, "prompts": len(examples)},
+                "environment": machine_description(),
+                "command": command,
+            }
+            costs = {
+                m.label: d.schedule.cost.to_dict() for m, d in decoders.items() if getattr(d.schedule, "cost", None)
+            }
+            if costs:  # the cost model widths and schedules "auto" choose by (one per model: the same for each)
+                run["cost_model"] = next(iter(costs.values()))
+            write_json(folder / RUN_FILE, run)
+            _warm_up(decoders, chosen, settings)
+            with RecordWriter(folder / RECORDS_FILE) as writer:
+                for record in _generate(todo, decoders, described, task, settings, model, progress):
+                    writer.write(record)
+                    records.append(record)
+        else:
+            log(f"{folder}: all {len(done)} responses already stored; nothing to run")
+        return write_report(folder, settings, records, run, plots=plots)
+
+
+def check_prompt_texts(settings: BenchSettings, examples: list[Example]) -> None:
+    r"""Refuse a run in which some prompt cannot be decoded at all, before any prompt runs.
+
+    An empty prompt (one the template leaves empty too) or one holding a lone surrogate (a JSON ``"\ud800"``
+    escape) would otherwise fail when its turn comes, after the records of the prompts before it, and again on
+    every resume.
+
+    Raises:
+        InputError: Naming the task file (or task), the prompts (index and id) and what is wrong with each.
+    """
+    problems = []
+    for ex in examples:
+        problem = unicode_problem(ex.prompt)
+        if problem is None and settings.prompt_template != CHAT and not settings.prompt_text(ex.prompt):
+            problem = "the prompt is empty"
+        if problem is not None:
+            problems.append(f"prompt {ex.index} ({ex.id}): {problem}")
+    if not problems:
+        return
+    source = f"task file {settings.task_file}" if settings.task_file else f"task {settings.task!r}"
+    more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    raise InputError(
+        f"{len(problems)} of {len(examples)} prompt(s) of {source} cannot be decoded: {'; '.join(problems[:5])}"
+        f"{more}; nothing was run. Fix or remove those prompts (or leave them out with --limit or --shard)"
+    )
 
 
 def check_prompt_lengths(model: ModelBackend, settings: BenchSettings, examples: list[Example]) -> None:

@@ -8,6 +8,7 @@ what to do.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,20 @@ from specframe.models.layers import RopeSpec
 CONFIG_NAME = "config.json"
 
 _MISSING = object()
+
+
+def finite_number(value: Any) -> bool:
+    """Whether ``value`` is a finite int or float (not a bool).
+
+    JSON's ``NaN`` and ``Infinity`` are accepted by Python's parser, and a comparison with NaN is always false,
+    so every number read from a config is checked here before its range is.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:
@@ -74,8 +89,8 @@ class Fields:
         value = self._get(name, default)
         if value is None or value is _MISSING:
             return 0.0
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            self.invalid.append(f"{name}={value!r} (expected a positive number)")
+        if not finite_number(value) or value <= 0:
+            self.invalid.append(f"{name}={value!r} (expected a finite positive number)")
             return 0.0
         return float(value)
 
@@ -174,8 +189,8 @@ def read_rope(fields: Fields, max_positions: int) -> RopeSpec:
     if theta is None:
         fields.missing.append("rope_theta (top level or inside rope_parameters)")
         theta = 10000.0
-    elif isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 1:
-        fields.invalid.append(f"rope_theta={theta!r} (expected a number > 1)")
+    elif not finite_number(theta) or theta <= 1:
+        fields.invalid.append(f"rope_theta={theta!r} (expected a finite number > 1)")
         theta = 10000.0
     if kind == "default":
         return RopeSpec(theta=float(theta))
@@ -189,13 +204,13 @@ def read_rope(fields: Fields, max_positions: int) -> RopeSpec:
     factor = params.get("factor")
     if factor is None:
         factor = max_positions / original
-    elif isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor >= 1:
-        fields.invalid.append(f"rope factor={factor!r} (YaRN stretches the context: expected a number >= 1)")
+    elif not finite_number(factor) or factor < 1:
+        fields.invalid.append(f"rope factor={factor!r} (YaRN stretches the context: expected a finite number >= 1)")
         factor = 1.0
     for beta in ("beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim"):
         value = params.get(beta)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
-            fields.invalid.append(f"rope {beta}={value!r} (expected a non-negative number)")
+        if value is not None and (not finite_number(value) or value < 0):
+            fields.invalid.append(f"rope {beta}={value!r} (expected a finite non-negative number)")
     return RopeSpec(
         theta=float(theta),
         kind="yarn",

@@ -139,7 +139,7 @@ def _local_source(source: str | os.PathLike[str] | None) -> Path | None:
     if path.exists():
         if not path.is_dir():
             raise CheckpointError(f"{path} is a file; pass the checkpoint folder that contains config.json")
-        return path
+        return path if path.is_absolute() else path.resolve()  # messages name the folder, "." included
     text = os.fspath(source)
     from specframe.models.named import NAMED_MODELS, pulled_folder
 

@@ -201,7 +201,8 @@ def load_model(
     if dtype is None:
         check_saved_dtype(saved, folder)
     resolved_dtype = resolve_dtype(dtype, resolved_device, saved if isinstance(saved, str) else None)
-    name = os.fspath(source) if source is not None else str(folder)
+    shown = os.fspath(source) if source is not None else ""
+    name = shown if Path(shown).name not in ("", "..") else str(folder)  # ".": the folder, not "."
     checkpoint = Checkpoint(folder, config, name, resolved_device, resolved_dtype)
     origin = f"model family {entry.name!r} (plugin {entry.plugin!r}, distribution {entry.distribution!r})"
     try:

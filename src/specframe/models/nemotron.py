@@ -27,6 +27,7 @@ from specframe.hookspecs import Register, hookimpl
 from specframe.models.config_json import (
     Fields,
     check_special_ids,
+    finite_number,
     read_dims,
     read_rope,
     rope_parameters,
@@ -83,6 +84,9 @@ def parse_config(raw: dict[str, Any], where: str) -> tuple[NetworkConfig, Specia
         fields.invalid.append(f"qk_norm={qk_norm!r} (expected true or false)")
     params = rope_parameters(raw)
     beta = params.get("llama_4_scaling_beta") or 0.0
+    if not finite_number(beta):
+        fields.invalid.append(f"rope llama_4_scaling_beta={beta!r} (expected a finite number)")
+        beta = 0.0
     fields.check()
     eos = token_ids(raw.get("eos_token_id"), "eos_token_id", where)
     bos, pad = raw.get("bos_token_id"), raw.get("pad_token_id")

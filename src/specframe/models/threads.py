@@ -78,8 +78,12 @@ def check_threads(threads: object, option: str = "threads") -> int:
     Raises:
         ConfigError: Naming ``option``, the value and the allowed range.
     """
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+    from specframe.decoder import as_integer  # here: the decoder module imports the models
+
+    number = as_integer(threads)
+    if number is None or number < 1:
         raise ConfigError(f"{option} must be a positive integer, got {threads!r}")
+    threads = number  # a NumPy integer is taken as the int it is
     cores = machine_cores()
     if threads > cores:
         raise ConfigError(

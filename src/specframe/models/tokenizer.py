@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,12 +32,13 @@ class HubTokenizer:
         """Read ``path``.
 
         Raises:
-            CheckpointError: If the file cannot be parsed.
+            CheckpointError: If the file cannot be parsed, saying whether it is not JSON at all or JSON that is
+                not a tokenizer (``tokenizers`` words both as a syntax error).
         """
         try:
             return cls(Tokenizer.from_file(str(path)))
         except Exception as exc:  # tokenizers raises a bare Exception for malformed files
-            raise CheckpointError(f"cannot read tokenizer {path} ({exc}); restore or re-download it") from exc
+            raise CheckpointError(f"{_tokenizer_problem(path, exc)}; restore or re-download it") from exc
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without special tokens added.
@@ -87,6 +89,22 @@ def load_tokenizer(folder: Path, vocab_size: int) -> HubTokenizer | None:
             "replace tokenizer.json with the model's own"
         )
     return tokenizer
+
+
+def _tokenizer_problem(path: Path, exc: Exception) -> str:
+    """Why ``tokenizers`` could not read ``path``: unreadable, not JSON, or JSON that is not a tokenizer."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return f"cannot read tokenizer {path} ({exc})"
+    except ValueError as syntax:
+        return f"tokenizer {path} is not valid JSON ({syntax})"
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        return (
+            f"{path} is JSON but not a tokenizer.json (no 'model' object: it is not a file saved by the Hugging Face "
+            "tokenizers library)"
+        )
+    return f"tokenizer {path} is not a valid tokenizer.json ({exc})"
 
 
 def unicode_problem(text: str) -> str | None:

@@ -16,7 +16,9 @@ is never held twice in memory.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import pickle
 import re
 from collections.abc import Iterable
@@ -102,11 +104,36 @@ def weight_files(folder: Path, stem: str = "model") -> tuple[str, list[Path]] | 
         ("safetensors", f"{stem}.safetensors", f"{stem}.safetensors.index.json"),
         ("bin", f"{bin_stem}.bin", f"{bin_stem}.bin.index.json"),
     ):
-        if (folder / index).is_file():
+        if _present(folder / index):
             return fmt, _shards(folder / index)
-        if (folder / single).is_file():
+        if _present(folder / single):
             return fmt, [folder / single]
     return None
+
+
+def _present(path: Path) -> bool:
+    """Whether a weight file is at ``path`` (``False`` when nothing is).
+
+    Raises:
+        CheckpointError: If something is there that is no readable file: a symlink loop, a link to nothing, a
+            folder (any of which would otherwise read as "no weights").
+    """
+    if path.is_file():
+        return True
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        if not path.is_symlink():
+            return False
+        raise CheckpointError(
+            f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; restore or re-download the "
+            "weights"
+        ) from None
+    except OSError as exc:
+        reason = "a symbolic link loop" if exc.errno == errno.ELOOP else f"unreadable ({exc.strerror or exc})"
+        raise CheckpointError(f"{path} is {reason}; restore or re-download the weights") from None
+    kind = "a folder" if path.is_dir() else "not a regular file"
+    raise CheckpointError(f"{path} is {kind}, not a weight file; put the weight file there, or remove it")
 
 
 def _shards(index_path: Path) -> list[Path]:
@@ -130,7 +157,7 @@ def _shards(index_path: Path) -> list[Path]:
                 f"{index_path.parent}; restore or re-download the index"
             )
     files = [index_path.parent / name for name in dict.fromkeys(weight_map.values())]
-    missing = [f.name for f in files if not f.is_file()]
+    missing = [f.name for f in files if not _present(f)]
     if missing:
         raise CheckpointError(
             f"weight index {index_path} names shard(s) {', '.join(missing)} that are not in {index_path.parent}; "

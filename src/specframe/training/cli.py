@@ -37,7 +37,8 @@ def add_parser(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="FIELD=VALUE",
-        help='change a training setting, e.g. hidden_size=128 or objective={"span": 8} (JSON values)',
+        help="change a training setting (JSON values), e.g. hidden_size=128; the objective's options depend on "
+        'the family, e.g. objective={"max_block": 9} for nemotron, objective={"span": 8} for setdlm',
     )
     parser.add_argument("--ship", type=folder_path, help="copy the finished checkpoint to this model folder")
     parser.add_argument("--records", type=folder_path, help="copy the run's summary and log to this folder (docs)")

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from specframe.errors import ConfigError
 from specframe.models import nemotron, setdlm
 
 HELDOUT_PERCENT = 5
@@ -89,6 +90,23 @@ def split_files(files: Iterable[SourceFile]) -> tuple[list[SourceFile], list[Sou
     return train, heldout
 
 
+#: Learned BPE entries every tokenizer has at least: the 256-byte alphabet and as many merges.
+MIN_BPE_ENTRIES = 512
+
+
+def smallest_vocab(family: str) -> int:
+    """The smallest ``vocab_size`` :func:`train_tokenizer` accepts for ``family``: its special ids plus the BPE entries.
+
+    Raises:
+        ValueError: For an unknown family.
+    """
+    if family == nemotron.FAMILY:
+        return nemotron.RESERVED_IDS + MIN_BPE_ENTRIES
+    if family == setdlm.FAMILY:
+        return len(setdlm.SPECIAL_TOKENS) + MIN_BPE_ENTRIES
+    raise ValueError(f"unknown family {family!r}")
+
+
 def train_tokenizer(family: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:
     """A byte-level BPE tokenizer of exactly ``vocab_size`` ids with ``family``'s special-token layout.
 
@@ -107,8 +125,10 @@ def train_tokenizer(family: str, texts: Sequence[str], vocab_size: int) -> Token
         specials, bpe_size = [], vocab_size - len(setdlm.SPECIAL_TOKENS)
     else:
         raise ValueError(f"unknown family {family!r}")
-    if bpe_size - len(specials) < 512:
-        raise ValueError(f"vocab_size {vocab_size} leaves too few BPE entries")
+    if vocab_size < smallest_vocab(family):
+        raise ValueError(
+            f"vocab_size {vocab_size} leaves too few BPE entries: {family} needs vocab_size >= {smallest_vocab(family)}"
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -123,7 +143,10 @@ def train_tokenizer(family: str, texts: Sequence[str], vocab_size: int) -> Token
         tokenizer.add_special_tokens(list(setdlm.SPECIAL_TOKENS))
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     if size != vocab_size:  # a corpus too small to fill the vocabulary
-        raise ValueError(f"the tokenizer has {size} ids, not {vocab_size}: the corpus is too small")
+        raise ConfigError(
+            f"vocab_size {vocab_size}: the training corpus yields a tokenizer of only {size} ids; give a vocab_size "
+            f"of at most {size}"
+        )
     return tokenizer
 
 

@@ -24,12 +24,26 @@ at ranks ``< r - lag``. ``lag = 0`` is SetDLM's training construction and its ve
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 IGNORE = -100
+
+
+def _check_int(name: str, value: Any, floor: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < floor:
+        raise ValueError(f"objective.{name} must be an integer >= {floor}, got {value!r}")
+
+
+def _check_number(name: str, value: Any, high: float = math.inf) -> None:
+    number = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not number or not 0 <= value <= high:
+        expected = "between 0 and 1" if high == 1 else "a finite number >= 0"
+        raise ValueError(f"objective.{name} must be {expected}, got {value!r}")
 
 
 @dataclass
@@ -110,6 +124,15 @@ class BlockDiffusionObjective:
     max_period: int = 24
 
     kind_names = ("ar", "diffusion")
+
+    def __post_init__(self) -> None:
+        _check_int("mask_id", self.mask_id, 0)
+        _check_int("min_block", self.min_block, 1)
+        _check_int("max_block", self.max_block, self.min_block)
+        _check_int("max_period", self.max_period, 2)
+        for name in ("seed_prob", "full_mask_prob", "repeat_prob"):
+            _check_number(name, getattr(self, name), 1)
+        _check_number("diffusion_weight", self.diffusion_weight)
 
     def batch(self, tokens: torch.Tensor, generator: torch.Generator) -> Batch:
         """Rows ``[clean | blocks]`` for ``[B, T]`` clean windows."""
@@ -234,6 +257,13 @@ class AnyOrderObjective:
 
     kind_names = ("verify", "draft")
 
+    def __post_init__(self) -> None:
+        _check_int("mask_id", self.mask_id, 0)
+        _check_int("span", self.span, 0)
+        _check_int("max_lag", self.max_lag, 1)
+        for name in ("ltr_prob", "draft_prob"):
+            _check_number(name, getattr(self, name), 1)
+
     def ranks(self, size: int, length: int, generator: torch.Generator) -> torch.Tensor:
         """``[B, T]`` rank of each position in its window's generation order."""
         keys = torch.arange(length, dtype=torch.float32).expand(size, length)
@@ -274,3 +304,27 @@ class AnyOrderObjective:
             kind_names=self.kind_names,
             weights=(1.0, 1.0),
         )
+
+
+def check_objective_options(
+    objective: type[BlockDiffusionObjective | AnyOrderObjective], options: Any, family: str
+) -> None:
+    """Refuse options that ``objective`` does not take, or values of the wrong type or range.
+
+    Args:
+        objective: The family's objective class.
+        options: The ``objective`` setting of a training run (every field but ``mask_id``, which the
+            tokenizer decides).
+        family: The family trained, for messages.
+
+    Raises:
+        ValueError: Naming the unknown options and the class's options, or the field and its bad value.
+    """
+    known = [item.name for item in fields(objective) if item.name != "mask_id"]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(
+            f"objective: unknown option(s) {', '.join(unknown)} for {family} (its objective's options: "
+            f"{', '.join(known)})"
+        )
+    objective(mask_id=0, **options)

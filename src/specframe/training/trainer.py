@@ -34,10 +34,24 @@ from specframe.models.export import checkpoint_tensors, write_config, write_tens
 from specframe.models.loading import Checkpoint
 from specframe.models.tokenizer import HubTokenizer
 from specframe.models.transformer import DecoderNetwork, NetworkConfig, SpecialTokens
-from specframe.training.corpus import corpus_files, encode_documents, split_files, spread_windows, train_tokenizer
+from specframe.training.corpus import (
+    MIN_BPE_ENTRIES,
+    corpus_files,
+    encode_documents,
+    smallest_vocab,
+    split_files,
+    spread_windows,
+    train_tokenizer,
+)
 from specframe.training.distill import DistillConfig, distillation_batch, greedy_rollouts
 from specframe.training.forward import TrainingForward
-from specframe.training.objectives import AnyOrderObjective, Batch, BlockDiffusionObjective, batch_losses
+from specframe.training.objectives import (
+    AnyOrderObjective,
+    Batch,
+    BlockDiffusionObjective,
+    batch_losses,
+    check_objective_options,
+)
 
 NEMOTRON, SETDLM = nemotron.FAMILY, setdlm.FAMILY
 FAMILY_MODULES = {NEMOTRON: nemotron, SETDLM: setdlm}
@@ -117,6 +131,15 @@ class TrainConfig:
                 f"distill_steps: drafter distillation is implemented for {NEMOTRON} only, not {self.family}"
             )
         DistillConfig(**self.distill)  # unknown or invalid options fail here, before any training
+        family = FAMILY_ALIASES.get(self.family, self.family)
+        if family in FAMILY_MODULES:  # likewise the objective's (preset() has refused an unknown family)
+            if self.vocab_size < smallest_vocab(family):
+                raise ValueError(
+                    f"vocab_size must be at least {smallest_vocab(family)} for {family} (its special tokens and "
+                    f"{MIN_BPE_ENTRIES} byte-level BPE entries), got {self.vocab_size}"
+                )
+            objective = BlockDiffusionObjective if family == NEMOTRON else AnyOrderObjective
+            check_objective_options(objective, self.objective, family)
 
     def _check_values(self) -> None:
         """Refuse values of the wrong type or range before any data is prepared (``--set hidden_size=abc``)."""
