@@ -31,6 +31,7 @@ import pytest
 from specframe import compose, hookspecs
 from specframe.cli import main as cli_main
 from specframe.errors import CheckpointError, ConfigError, PlanError
+from specframe.models.named import NAMED_MODELS
 from specframe.plugin_testing import torch_threads
 from specframe.plugins import KINDS, PluginHost, get_host, register_plugin, reset_host, unregister_plugin
 
@@ -333,6 +334,8 @@ def why_not_run(command: str) -> str | None:
             return "needs a GPU"
         if words[1] in ("generate", "bench") and "--model" not in words and not _bundled_model_installed():
             return "needs the bundled model, which this installation lacks"
+        if "--model" in words and words[words.index("--model") + 1] in NAMED_MODELS:
+            return "uses a named model, which `specframe pull` downloads first"
         if "--model" in words and words[words.index("--model") + 1].startswith("/"):
             return "names a checkpoint folder of the machine the page was written on"
         if words[1] == "bench" and ("--limit" not in words or int(words[words.index("--limit") + 1]) > 4):
