@@ -293,6 +293,8 @@ def transformers_model(model: Any, source: str | None) -> Any | None:
     hf = cls(config).eval().to(device=model.device, dtype=model.dtype)
     renamed = {}
     for name, tensor in state.items():
+        if ".o_lora." in name:  # the proposal-only adapter: drafting rows only, not the AR model
+            continue
         if name.startswith("body."):
             renamed["model." + name[len("body.") :]] = tensor
         elif name.startswith("head."):
