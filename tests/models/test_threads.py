@@ -134,3 +134,33 @@ def test_a_backend_with_nothing_to_count_runs_on_one_thread_and_is_told_once(mon
         declared = Remote()
         declared.num_parameters = 10**9
         assert model_parameters(declared) == 10**9
+
+
+def test_busy_cores_reads_what_other_processes_use_now_not_the_load_average(monkeypatch):
+    """The load average lags a minute: right after `pip install` ended it still said one core of two was busy,
+    and an idle machine ran a 135M model on one thread (half speed). /proc/stat over a short window says what
+    other processes use now; this process's own CPU time in the window is not a neighbour's."""
+    from specframe.models import threads
+
+    readings = iter([(1000, 4000, 2), (1150, 4200, 2)])  # 150 of 200 ticks busy on 2 CPUs: 1.5 cores
+    monkeypatch.setattr(threads, "_cpu_ticks", lambda: next(readings))
+    clock = iter([10.0, 10.05])  # this process used 0.05 s of CPU in the 0.1 s window: half a core
+    monkeypatch.setattr(threads.time, "process_time", lambda: next(clock))
+    monkeypatch.setattr(threads.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (5.0, 5.0, 5.0))
+    monkeypatch.setattr(threads, "_busy_sample", None)
+    assert threads.busy_cores() == 1  # 1.5 - 0.5, not the load average's 5
+    assert threads.busy_cores() == 1  # reused: /proc/stat is not read again (the readings are used up)
+
+
+def test_busy_cores_falls_back_to_the_load_average_without_proc_stat(monkeypatch):
+    from specframe.models import threads
+
+    def unreadable():
+        raise OSError("no /proc here")
+
+    monkeypatch.setattr(threads, "_cpu_ticks", unreadable)
+    monkeypatch.setattr(threads.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (1.4, 0.0, 0.0))
+    monkeypatch.setattr(threads, "_busy_sample", None)
+    assert threads.busy_cores() == 1

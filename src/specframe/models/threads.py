@@ -9,8 +9,8 @@ core than alone. The policy therefore is:
 1. ``threads`` given (``--threads N``, config ``threads: N``): use exactly N;
 2. else ``OMP_NUM_THREADS`` set: leave torch's thread count alone (torch has already read it);
 3. else: one thread per :data:`PARAMETERS_PER_THREAD` parameters (at least one), but no more than the
-   cores that are free -- the machine's cores minus its one-minute load average, rounded -- so that a
-   neighbour's busy core is not also given to a spinning torch thread.
+   cores that are free -- the machine's cores minus those other processes keep busy now (:func:`busy_cores`)
+   -- so that a neighbour's busy core is not also given to a spinning torch thread.
 
 The bundled 4M-parameter models therefore run on one thread; a 156M-parameter model gets up to two.
 
@@ -23,6 +23,7 @@ modules at all is taken as a small model (:data:`UNKNOWN_PARAMETERS`, one thread
 from __future__ import annotations
 
 import os
+import time
 import warnings
 
 import torch
@@ -46,12 +47,57 @@ def machine_cores() -> int:
         return os.cpu_count() or 1
 
 
+#: How long :func:`busy_cores` watches the machine, and how long its answer is reused, in seconds.
+BUSY_WINDOW_S = 0.1
+BUSY_REUSE_S = 30.0
+_busy_sample: tuple[float, int] | None = None  # (when, cores) of the last sample
+
+
 def busy_cores() -> int:
-    """Cores other processes keep busy, from the one-minute load average (0 where the OS does not say)."""
+    """Cores other processes keep busy now (0 where the OS does not say).
+
+    Read from ``/proc/stat`` over :data:`BUSY_WINDOW_S`, less this process's own CPU time, and reused for
+    :data:`BUSY_REUSE_S`; elsewhere, the one-minute load average. The load average lags: right after a
+    command ends (a ``pip install``, the previous decode of a script) it still counts that command's cores as
+    busy for a minute, and a model got one thread on an idle machine.
+    """
+    global _busy_sample
+    now = time.monotonic()
+    if _busy_sample is not None and now - _busy_sample[0] < BUSY_REUSE_S:
+        return _busy_sample[1]
+    cores = _busy_now(BUSY_WINDOW_S)
+    if cores is None:
+        try:
+            cores = int(os.getloadavg()[0] + 0.5)
+        except (AttributeError, OSError):
+            cores = 0
+    _busy_sample = (now, cores)
+    return cores
+
+
+def _busy_now(window: float) -> int | None:
+    """Cores busy with other processes over the next ``window`` seconds, from ``/proc/stat``; None if unreadable."""
     try:
-        return int(os.getloadavg()[0] + 0.5)
-    except (AttributeError, OSError):
-        return 0
+        first, own = _cpu_ticks(), time.process_time()
+        time.sleep(window)
+        second, own = _cpu_ticks(), time.process_time() - own
+    except (OSError, ValueError, IndexError):
+        return None
+    (busy0, total0, cpus), (busy1, total1, _) = first, second
+    if total1 <= total0 or cpus < 1:
+        return None
+    others = (busy1 - busy0) / (total1 - total0) * cpus - own / window
+    return max(0, int(others + 0.5))
+
+
+def _cpu_ticks() -> tuple[int, int, int]:
+    """(busy ticks, all ticks, CPUs) of the whole machine from ``/proc/stat``."""
+    with open("/proc/stat", encoding="ascii") as handle:
+        lines = handle.read().splitlines()
+    fields = [int(value) for value in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+    idle = fields[3] + fields[4]
+    cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+    return sum(fields) - idle, sum(fields), cpus
 
 
 def default_threads(parameters: int, *, cores: int | None = None, busy: int | None = None) -> int:
