@@ -88,7 +88,9 @@ def read_gguf(path: Path) -> SourceModel:
     try:
         import gguf
     except ImportError as exc:  # pragma: no cover - an install problem
-        raise ConfigError("reading GGUF files needs the 'gguf' package, a dependency of specframe: pip install gguf") from exc
+        raise ConfigError(
+            "reading GGUF files needs the 'gguf' package, a dependency of specframe: pip install gguf"
+        ) from exc
     try:
         reader = gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises ValueError, struct errors, IndexError on damaged files
