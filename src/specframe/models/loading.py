@@ -9,7 +9,9 @@ dtype (which may depend on ``config.json``). The family's loader receives the re
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,6 +219,26 @@ def load_model(
     if not isinstance(model, ModelBackend):
         raise PluginError(f"{origin}: its loader returned {type(model).__name__}, not a ModelBackend")
     return model
+
+
+def attach_drafter(adapter: Path | None, model: Path, name: str = "linear_spec_lora") -> None:
+    """Make ``adapter`` the drafter of the checkpoint ``model``: copied to ``model/name`` and declared in config.json.
+
+    Args:
+        adapter: A PEFT adapter folder, or ``None`` to remove the checkpoint's declared drafter.
+        model: The checkpoint folder.
+        name: The adapter's folder name inside the checkpoint.
+    """
+    target = model / name
+    if target.exists():
+        shutil.rmtree(target)
+    config_path = model / "config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config.pop("specframe_drafter", None)
+    if adapter is not None:
+        shutil.copytree(adapter, target)
+        config["specframe_drafter"] = name
+    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
 
 
 def declared_drafter(config: dict, folder: Path) -> Path | bool:

@@ -128,18 +128,11 @@ def _drafter_is_current(folder: Path, name: str) -> bool:
 
 
 def _attach_shipped_drafter(folder: Path, name: str) -> bool:
-    """Copy the drafter specframe ships for ``name`` into ``folder`` and declare it; False if none is shipped."""
+    """Make the drafter specframe ships for ``name`` the one of ``folder``; False if none is shipped."""
+    from specframe.models.loading import attach_drafter
+
     drafter = drafter_assets(name)
-    target = folder / DRAFTER_FOLDER
-    if target.exists():
-        shutil.rmtree(target)
-    config_path = folder / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config.pop("specframe_drafter", None)
-    if drafter is not None:
-        shutil.copytree(drafter, target)
-        config["specframe_drafter"] = DRAFTER_FOLDER
-    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
+    attach_drafter(drafter, folder, DRAFTER_FOLDER)
     return drafter is not None
 
 

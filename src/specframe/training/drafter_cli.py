@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 from specframe.errors import ConfigError
+from specframe.models.loading import attach_drafter
 from specframe.training.cli import _setting, folder_path
 
 
@@ -68,15 +67,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"attached the drafter to {args.model}", flush=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
     return 0
-
-
-def attach_drafter(adapter: Path, model: Path, name: str = "linear_spec_lora") -> None:
-    """Copy ``adapter`` into ``model/name`` and declare it the model's drafter in config.json."""
-    target = model / name
-    if target.exists():
-        shutil.rmtree(target)
-    shutil.copytree(adapter, target)
-    config_path = model / "config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["specframe_drafter"] = name
-    config_path.write_text(json.dumps(config, indent=2), encoding="utf-8")
