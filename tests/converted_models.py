@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import torch
+from convert.convert_helpers import GGUF_LAYER_NAMES
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unused|>")
 CHATML = (
@@ -110,17 +111,6 @@ def write_tiny_gguf(llama: Path, path: Path) -> Path:
     writer.add_bos_token_id(0)
     writer.add_eos_token_id(0)
     writer.add_chat_template(CHATML)
-    names = {
-        "input_layernorm.weight": "attn_norm.weight",
-        "post_attention_layernorm.weight": "ffn_norm.weight",
-        "self_attn.q_proj.weight": "attn_q.weight",
-        "self_attn.k_proj.weight": "attn_k.weight",
-        "self_attn.v_proj.weight": "attn_v.weight",
-        "self_attn.o_proj.weight": "attn_output.weight",
-        "mlp.gate_proj.weight": "ffn_gate.weight",
-        "mlp.up_proj.weight": "ffn_up.weight",
-        "mlp.down_proj.weight": "ffn_down.weight",
-    }
     for name, tensor in sorted(load_file(str(llama / "model.safetensors")).items()):
         if name == "model.embed_tokens.weight":
             target = "token_embd.weight"
@@ -130,7 +120,7 @@ def write_tiny_gguf(llama: Path, path: Path) -> Path:
             continue  # tied
         else:
             layer, rest = name.removeprefix("model.layers.").split(".", 1)
-            target = f"blk.{layer}.{names[rest]}"
+            target = f"blk.{layer}.{GGUF_LAYER_NAMES[rest]}"
         writer.add_tensor(target, tensor.float().numpy())
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -79,22 +79,17 @@ def test_gguf_missing_a_size(tmp_path):
     _convert_fails(lambda: read_gguf(path), tmp_path / "out", CheckpointError, "llama.block_count")
 
 
-def test_gguf_rope_scaling(tmp_path):
-    path = write_gguf(
-        tmp_path / "model.gguf",
-        random_weights(seed=5),
-        metadata={"llama.rope.scaling.type": ("linear", GGUFValueType.STRING)},
-    )
-    _convert_fails(lambda: read_gguf(path), tmp_path / "out", CheckpointError, "RoPE scaling 'linear'")
-
-
-def test_gguf_tokenizer_not_byte_level_bpe(tmp_path):
-    path = write_gguf(
-        tmp_path / "model.gguf",
-        random_weights(seed=5),
-        metadata={"tokenizer.ggml.model": ("llama", GGUFValueType.STRING)},
-    )
-    _convert_fails(lambda: read_gguf(path), tmp_path / "out", CheckpointError, "tokenizer model 'llama'")
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("llama.rope.scaling.type", "linear", "RoPE scaling 'linear'"),
+        ("tokenizer.ggml.model", "llama", "tokenizer model 'llama'"),
+    ],
+)
+def test_gguf_unsupported_string_metadata(tmp_path, key, value, message):
+    metadata = {key: (value, GGUFValueType.STRING)}
+    path = write_gguf(tmp_path / "model.gguf", random_weights(seed=5), metadata=metadata)
+    _convert_fails(lambda: read_gguf(path), tmp_path / "out", CheckpointError, message)
 
 
 def test_gguf_unknown_pre_tokenizer(tmp_path):
