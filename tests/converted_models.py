@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import torch
+
 from convert.convert_helpers import GGUF_LAYER_NAMES
 
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unused|>")
