@@ -163,6 +163,7 @@ def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
         ("acceptance_rule", "min-p"),
         ("acceptance_rule", "argmax"),
         ("schedule", "verify-only"),
+        ("command", "hello"),
     }
     prompt = [3, 1, 4, 1, 5]
     setdlm = tiny_model("setdlm", tmp_path / "setdlm", vocab=24, seed=2)
