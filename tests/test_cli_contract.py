@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specframe.cli import main
-from specframe.models.testing import write_random_checkpoint
+from specframe.testing.models import write_random_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specframe.plugin_testing import install_distribution, run_with
+from specframe.testing.plugins import install_distribution, run_with
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "plugins" / "specframe-ablation-orders"
