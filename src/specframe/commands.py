@@ -44,6 +44,6 @@ def register_commands(register: Register) -> None:
     )
     register(
         "pull",
-        "specframe.convert.pull_cli:add_parser",
+        "specframe.convert.pull:add_parser",
         help="fetch and convert a named real model (e.g. smollm2-135m) for offline use",
     )
