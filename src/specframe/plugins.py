@@ -1,18 +1,11 @@
 """The plugin host: built-in and third-party plugins on one pluggy manager, and what they registered.
 
-Built-in implementations live in the modules of :data:`BUILTIN_PLUGINS` and are registered exactly like
-third-party plugins, which are found through the ``specframe`` entry-point group::
-
-    [project.entry-points.specframe]
-    my_schedules = "my_package.plugin"
-
-``SPECFRAME_LOAD_PLUGINS`` limits which entry points load: a comma-separated list of entry-point or
-distribution names, or the empty string for none. Built-ins always load.
-
-One broken plugin never breaks the others: an import error, an invalid or unmarked hook, an exception raised
-while registering, a hook that returns its registrations instead of calling ``register``, or a bad
-``register`` call is recorded as a :class:`PluginFailure` naming the plugin and its distribution. Two
-plugins claiming one name are reported when that name is used, naming both.
+Built-ins (:data:`BUILTIN_PLUGINS`) are registered exactly like third-party plugins, which are found through
+the ``specframe`` entry-point group; ``SPECFRAME_LOAD_PLUGINS`` (entry-point or distribution names, comma
+separated; empty: none) limits which of those load. A broken plugin (import error, unknown or unmarked hook,
+an exception or a bad ``register`` call while registering, registrations returned instead of made) is a
+:class:`PluginFailure` naming it and its distribution, and breaks nothing else; a name two plugins claim is
+an error naming both when it is used.
 """
 
 from __future__ import annotations
@@ -99,10 +92,8 @@ class PluginEntry:
     def describe(self) -> dict[str, Any]:
         """The entry as ``specframe plugins`` prints it.
 
-        Besides kind, name, plugin and distribution: a schedule's ``family`` (``None``: every family), the
-        ``options`` of a configurable kind (name -> default, ``"<required>"`` for one without a default), for
-        acceptance rules and schedules what they declare as ``exact`` (``None``: nothing, or unknown until
-        built; see :mod:`specframe.exactness`), and a command's ``help`` and ``target``.
+        Who registered what, a schedule's ``family``, the ``options`` (name -> default, ``"<required>"``) and
+        declared ``exact`` of configurable kinds (see :mod:`specframe.exactness`), a command's ``help`` and target.
         """
         out: dict[str, Any] = {"kind": self.kind, "name": self.name, "plugin": self.plugin}
         out["distribution"] = self.distribution
