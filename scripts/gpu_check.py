@@ -48,7 +48,7 @@ from specframe.bench.output import machine_description
 from specframe.bench.tasks import get_task
 from specframe.models import load_model
 from specframe.models.hub import bundled_model, bundled_model_names
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 
 SPECULATIVE = ("linear", "quadratic", "packed")
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -6,7 +6,7 @@ Examples::
     python scripts/make_random_checkpoints.py out/ --family setdlm --shards 2 --format bin
     python scripts/make_random_checkpoints.py out/ --lora-rank 8 --set hidden_size=128 --set num_hidden_layers=4
 
-The same checkpoints come from :func:`specframe.models.testing.write_random_checkpoint`.
+The same checkpoints come from :func:`specframe.testing.models.write_random_checkpoint`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 
 
 def _override(text: str) -> tuple[str, object]:

@@ -15,7 +15,7 @@ import torch
 from specframe import compose
 from specframe.models import load_model
 from specframe.models.base import ModelBackend
-from specframe.models.testing import small_vocabulary, write_random_checkpoint
+from specframe.testing.models import small_vocabulary, write_random_checkpoint
 
 NEMOTRON = "nemotron-labs-diffusion"
 SETDLM = "setdlm"

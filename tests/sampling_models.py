@@ -30,9 +30,9 @@ import torch
 
 from oracles import stage_pairs
 from specframe.acceptance.rejection import SamplingWarp
-from specframe.ar_reference import ar_distribution, goodness_of_fit
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
+from specframe.testing.reference import ar_distribution, goodness_of_fit
 
 NEMOTRON = "nemotron-labs-diffusion"
 SETDLM = "setdlm"

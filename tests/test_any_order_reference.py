@@ -1,4 +1,4 @@
-"""The public any-order reference (specframe.any_order_reference) that plugin authors test order policies with."""
+"""The public any-order reference (specframe.testing.any_order) that plugin authors test order policies with."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, SYNTHETIC_COST, conditi
 from specframe import compose, hookimpl
 from specframe.acceptance.base import Verdict
 from specframe.acceptance.greedy import GreedyAcceptance
-from specframe.any_order_reference import any_order_violations, record_calls
-from specframe.ar_reference import conditional_logits as public_conditional_logits
 from specframe.orders.base import OrderPolicy
 from specframe.plugins import plugin_registered
+from specframe.testing.any_order import any_order_violations, record_calls
+from specframe.testing.reference import conditional_logits as public_conditional_logits
 
 VOCAB = 24
 PROMPTS = ([3, 9, 4], [17, 2, 5, 11, 8], [6])

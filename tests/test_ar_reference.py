@@ -1,4 +1,4 @@
-"""The public exact-AR reference for plugin authors' sampling tests (specframe.ar_reference)."""
+"""The public exact-AR reference for plugin authors' sampling tests (specframe.testing.reference)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from sampling_models import NEMOTRON, SETDLM, TableModel, exact_distribution
 from specframe import compose, hookimpl
 from specframe.acceptance.base import Verdict
 from specframe.acceptance.rejection import RejectionSampling, SamplingWarp
-from specframe.ar_reference import ar_distribution, goodness_of_fit
 from specframe.plugins import plugin_registered
+from specframe.testing.reference import ar_distribution, goodness_of_fit
 
 PROMPT = [0, 1, 2]
 

@@ -18,8 +18,8 @@ from specframe.cli import build_parser, decoder_config, main, unescape
 from specframe.errors import CheckpointError, ConfigError, InputError, OutputError, PluginError, UnsafeWeightsError
 from specframe.hookspecs import hookimpl
 from specframe.models import load_model
-from specframe.models.testing import write_random_checkpoint
 from specframe.plugins import plugin_registered
+from specframe.testing.models import write_random_checkpoint
 
 VOCAB = 12
 

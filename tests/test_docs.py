@@ -32,8 +32,8 @@ from specframe import compose, hookspecs
 from specframe.cli import main as cli_main
 from specframe.errors import CheckpointError, ConfigError, PlanError
 from specframe.models.named import NAMED_MODELS
-from specframe.plugin_testing import torch_threads
 from specframe.plugins import KINDS, PluginHost, get_host, register_plugin, reset_host, unregister_plugin
+from specframe.testing.plugins import torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -149,7 +149,7 @@ def example_host():
 def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
     from decoding_helpers import generate, tiny_model
     from specframe import load_model
-    from specframe.models.testing import write_random_checkpoint
+    from specframe.testing.models import write_random_checkpoint
 
     registry = example_host.registry()
     assert registry.failures == []
@@ -163,6 +163,7 @@ def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
         ("acceptance_rule", "min-p"),
         ("acceptance_rule", "argmax"),
         ("schedule", "verify-only"),
+        ("command", "hello"),
     }
     prompt = [3, 1, 4, 1, 5]
     setdlm = tiny_model("setdlm", tmp_path / "setdlm", vocab=24, seed=2)
@@ -349,7 +350,7 @@ def why_not_run(command: str) -> str | None:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A folder with the random checkpoints the pages call tiny/ and the tutorial plugin registered."""
-    from specframe.models.testing import write_random_checkpoint
+    from specframe.testing.models import write_random_checkpoint
 
     folder = tmp_path_factory.mktemp("docs-run")
     for family in ("nemotron-labs-diffusion", "setdlm"):

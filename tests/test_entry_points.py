@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from specframe.plugin_testing import install_distribution, run_with
+from specframe.testing.plugins import install_distribution, run_with
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "plugins" / "specframe-ablation-orders"
@@ -82,3 +82,16 @@ def test_an_unknown_name_whose_distribution_is_excluded_says_so(site):
     unrelated = "from specframe.plugins import get_registry\ntry:\n    get_registry().get('order_policy', 'nope')\n"
     unrelated += "except KeyError as error:\n    print(error)\n"
     assert "excludes" not in run_with(site, ["-c", unrelated], load="").stdout  # no hint where none applies
+
+
+def test_an_installed_plugins_command_is_listed_by_help_and_runs(site):
+    listing = run_with(site, ["-m", "specframe.cli", "--help"])
+    assert listing.returncode == 0, listing.stderr
+    text = " ".join(listing.stdout.split())  # argparse wraps the help column
+    assert "ablation-order show the order in which lowest-confidence verifies draft positions" in text
+    scores = ["--score", "5=0.9", "--score", "6=0.1"]
+    result = run_with(site, ["-m", "specframe.cli", "ablation-order", "5", "6", "7", *scores])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "6 5 7\n"
+    excluded = run_with(site, ["-m", "specframe.cli", "--help"], load="")
+    assert "ablation-order" not in excluded.stdout  # a command comes and goes with its plugin

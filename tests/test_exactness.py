@@ -191,7 +191,7 @@ def test_edge_cases_one_token_prompt_and_limit_below_width(models):
 def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
     """Nemotron's LoRA applies to drafting rows only, so verification (and the output) stays the base model's."""
     from specframe.models import load_model
-    from specframe.models.testing import write_random_checkpoint
+    from specframe.testing.models import write_random_checkpoint
 
     folder = write_random_checkpoint(
         NEMOTRON, tmp_path / "lora", seed=1, tokenizer=False, lora_rank=4, vocab_size=VOCAB,

@@ -16,11 +16,11 @@ from specframe.acceptance.rejection import RejectionSampling
 from specframe.cli import main
 from specframe.errors import PluginError
 from specframe.hookspecs import hookimpl
-from specframe.models.testing import write_random_checkpoint
 from specframe.orders.base import OrderPolicy
 from specframe.plugins import plugin_registered
 from specframe.schedules.base import Schedule, verify_only_plan, verify_planned_chain
 from specframe.schedules.packed import PackedSchedule
+from specframe.testing.models import write_random_checkpoint
 
 
 @pytest.fixture(scope="module", params=[NEMOTRON, SETDLM])

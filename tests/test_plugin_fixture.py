@@ -1,4 +1,4 @@
-"""specframe.plugin_testing.registered_fixture: a plugin registered for a session, seen by module-scoped fixtures."""
+"""specframe.testing.plugins.registered_fixture: a plugin registered for a session, seen by module-scoped fixtures."""
 
 from __future__ import annotations
 
@@ -59,13 +59,13 @@ def registered():
 """,
     "registered_fixture": """
 from my_plugin import plugin
-from specframe.plugin_testing import registered_fixture
+from specframe.testing.plugins import registered_fixture
 
 my_plugin_registered = registered_fixture(plugin, "my_plugin")
 """,
     "module-scoped": """
 from my_plugin import plugin
-from specframe.plugin_testing import registered_fixture
+from specframe.testing.plugins import registered_fixture
 
 registered = registered_fixture(plugin, "my_plugin", scope="module", fixture_name="registered")
 """,

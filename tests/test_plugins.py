@@ -242,3 +242,42 @@ def test_reusing_a_builtin_name_says_to_rename_it_not_to_uninstall_the_builtin(h
     message = str(info.value)
     assert "built-in name" in message and "rename it in the plugin" in message
     assert "uninstall 'copycat-dist'" in message and "uninstall one of them" not in message
+
+
+# -- commands ------------------------------------------------------------------------------------------
+
+
+def test_a_command_that_reuses_a_builtin_name_is_an_error_naming_the_plugin(host, capsys):
+    from specframe.cli import main
+
+    def register_commands(register):
+        register("bench", "copycat.cli:add_parser", help="not the real bench")
+
+    host.register(_plugin(register_commands=register_commands), name="copycat", distribution="copycat-dist")
+    assert main(["bench", "--limit", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: command 'bench' is registered by both plugin 'specframe.commands'") and (
+        "plugin 'copycat' (distribution 'copycat-dist')" in err and "rename it in the plugin" in err
+    )
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listing = capsys.readouterr().out
+    assert listing.count("bench ") == 1 and "not the real bench" not in listing  # listed once, as the built-in
+
+
+def test_a_commands_target_is_imported_only_when_it_runs(host, capsys):
+    from specframe.cli import main
+
+    def register_commands(register):
+        register("broken", "no_such_module_anywhere:add_parser", help="a command whose module is missing")
+        register("typo", "not a target")
+
+    host.register(_plugin(register_commands=register_commands), name="lazy", distribution="lazy-dist")
+    failures = [f.message for f in host.registry().failures if f.plugin == "lazy"]
+    assert failures == ["command 'typo': target 'not a target' is not a 'package.module:function' string"]
+    assert main(["plugins"]) == 0  # the broken module is never imported for another command
+    capsys.readouterr()
+    assert main(["broken"]) == 1
+    err = capsys.readouterr().err
+    assert "command 'broken' (plugin 'lazy', distribution 'lazy-dist') could not add its parser" in err
+    assert "ModuleNotFoundError" in err and "bug in that plugin" in err

@@ -9,8 +9,8 @@ import pytest
 from specframe import compose
 from specframe.cli import main
 from specframe.models import load_model
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
 from specframe.streaming import IncrementalText
+from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 
 SCHEDULES = ("ar", "linear", "quadratic", "packed", "native")
 

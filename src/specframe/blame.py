@@ -14,7 +14,7 @@ import weakref
 from types import TracebackType
 
 from specframe.errors import PluginError
-from specframe.plugins import BUILTIN_DISTRIBUTION, KINDS, PluginEntry
+from specframe.plugins import BUILTIN_DISTRIBUTION, PluginEntry
 
 # id(object) -> (a weak reference to it, the entry that built it); an entry leaves with its object.
 _ORIGINS: dict[int, tuple[weakref.ref, PluginEntry]] = {}
@@ -42,7 +42,7 @@ def origin(obj: object, label: str) -> str:
     if entry is None:
         cls = type(obj)
         return f"{label} {cls.__qualname__} (module {cls.__module__})"
-    return f"{KINDS[entry.kind][1]} {entry.name!r} (plugin {entry.plugin!r}, distribution {entry.distribution!r})"
+    return f"{entry.label} {entry.name!r} (plugin {entry.plugin!r}, distribution {entry.distribution!r})"
 
 
 def contract_error(obj: object, label: str, problem: str) -> PluginError:

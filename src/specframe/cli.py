@@ -5,7 +5,9 @@ Subcommands:
 * ``specframe plugins``: every registered implementation as JSON (kind, name, plugin, distribution);
 * ``specframe generate``: decode one prompt and print the text as it is accepted or, with ``--json``, one
   object with text, ids and metrics;
-* ``specframe bench`` and ``specframe train`` live in their own modules and are loaded on demand.
+* every other command (``bench``, ``train``, ``convert``, ...) and a plugin's commands come from the
+  ``register_commands`` hook (:mod:`specframe.commands` registers the built-in ones) and are imported only
+  when they run.
 
 Errors exit non-zero with a one-line message and no traceback (set ``SPECFRAME_DEBUG=1`` to see one, also for
 an error raised from another, such as a plugin's failure while decoding).
@@ -23,34 +25,19 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from specframe.envflags import env_flag
-from specframe.errors import ConfigError, InputError, SpecframeError
+from specframe.errors import ConfigError, InputError, PluginError, SpecframeError
 from specframe.exactness import inexact_reason
+from specframe.plugins import BUILTIN_DISTRIBUTION, PluginEntry, get_registry
 from specframe.specs import comma_items, parse_spec
-
-# Subcommands implemented in other modules: name -> module with add_parser(subparsers) and run(args).
-EXTERNAL_COMMANDS = {
-    "bench": "specframe.bench.cli",
-    "train": "specframe.training.cli",
-    "calibrate": "specframe.choice.cli",
-    "convert": "specframe.convert.cli",
-    "train-drafter": "specframe.training.drafter_cli",
-    "pull": "specframe.convert.pull_cli",
-}
-# What `specframe --help` says about them without importing them.
-EXTERNAL_HELP = {
-    "bench": "compare schedules on a task's prompts (speed, accuracy, acceptance, bootstrap intervals)",
-    "train": "train one of the small bundled-style models on the Python standard library",
-    "calibrate": "measure (or show) this machine's model-call cost model, which width 'auto' uses",
-    "convert": "convert an AR checkpoint (GGUF or transformers Llama/Mistral/Qwen3) into a specframe model folder",
-    "train-drafter": "train the drafter (proposal LoRA) of a converted model on its own greedy text",
-    "pull": "fetch and convert a named real model (e.g. smollm2-135m) for offline use",
-}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``specframe`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(argv)
+    try:
+        parser = build_parser(argv)
+    except SpecframeError as exc:  # the command to run is a plugin's that could not be loaded
+        return _fail(str(exc))
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # name the subcommand whose options were misspelt, not the top-level command
         commands = parser.subcommands  # type: ignore[attr-defined]
@@ -101,29 +88,58 @@ class CommandLineParser(argparse.ArgumentParser):
 
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """The argument parser; external subcommands are imported only when named on the command line."""
+    """The argument parser: every registered command, of which only the one ``argv`` runs is imported.
+
+    Raises:
+        PluginError: The command to run is registered twice, or its plugin's ``add_parser`` fails.
+    """
     parser = CommandLineParser(
         prog="specframe",
         description="Lossless self-speculative decoding.",
         epilog="`specframe COMMAND --help` lists a command's options.",
     )
-    sub = parser.add_subparsers(
-        dest="command", metavar="{plugins,generate,bench,train,calibrate,convert,train-drafter,pull}"
-    )
+    registry = get_registry()
+    commands: dict[str, PluginEntry] = {}
+    for entry in registry.entries("command"):  # a name registered twice is listed once, and refused when run
+        commands.setdefault(entry.name, entry)
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
     parser.subcommands = sub.choices  # type: ignore[attr-defined]
+    chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    for name, entry in commands.items():
+        if name == chosen:
+            add_command(sub, registry.get("command", name))  # names both plugins of a clash
+        else:
+            sub.add_parser(name, help=entry.extras.get("help"), add_help=False)
+    return parser
+
+
+def add_command(sub: Any, entry: PluginEntry) -> None:
+    """Import a registered command's ``add_parser`` and call it, blaming its plugin when that fails."""
+    module, _, function = entry.factory.partition(":")
+    try:
+        add_parser = importlib.import_module(module)
+        for attribute in function.split("."):
+            add_parser = getattr(add_parser, attribute)
+        add_parser(sub)
+        if entry.name not in sub.choices:
+            raise PluginError(f"it did not call subparsers.add_parser({entry.name!r}, ...)")
+    except Exception as exc:
+        if entry.distribution == BUILTIN_DISTRIBUTION:
+            raise
+        raise PluginError(
+            f"command {entry.name!r} (plugin {entry.plugin!r}, distribution {entry.distribution!r}) could not add "
+            f"its parser with {entry.factory}: {type(exc).__name__}: {exc}; this is a bug in that plugin (report "
+            "it to its authors, or uninstall it)"
+        ) from exc
+
+
+def add_plugins_parser(sub: Any) -> None:
+    """Add ``specframe plugins``."""
     plugins = sub.add_parser("plugins", help="list registered plugins as JSON")
     plugins.add_argument(
         "--failures", action="store_true", help="also print plugins that failed to load (as JSON on stderr)"
     )
     plugins.set_defaults(handler=run_plugins)
-    add_generate_parser(sub)
-    for name, module_name in EXTERNAL_COMMANDS.items():
-        if name in argv:
-            module = importlib.import_module(module_name)
-            module.add_parser(sub)
-        else:
-            sub.add_parser(name, help=EXTERNAL_HELP[name], add_help=False)
-    return parser
 
 
 def add_generate_parser(sub: Any) -> None:
@@ -340,8 +356,6 @@ def unescape(text: str, *, option: str) -> str:
 
 def run_plugins(args: argparse.Namespace) -> int:
     """``specframe plugins``: print the registry as JSON."""
-    from specframe.plugins import get_registry
-
     registry = get_registry()
     print(json.dumps([e.describe() for e in registry.entries()], indent=2))
     problems = [str(f) for f in registry.failures]

@@ -32,6 +32,7 @@ from specframe.models.calls import caller_checked
 from specframe.orders.base import OrderPolicy
 from specframe.plan import CallPlan, PhysicalCall
 from specframe.schedules.base import Schedule
+from specframe.specs import as_integer
 from specframe.state import DecodeContext, DecodeState
 from specframe.streaming import IncrementalText
 
@@ -50,20 +51,6 @@ def fits_context(prompt_tokens: int, max_new_tokens: int, model: ModelBackend) -
     the ``model.max_positions + 1`` the model has.
     """
     return prompt_tokens + max_new_tokens - 1 <= model.max_positions
-
-
-def as_integer(value: Any) -> int | None:
-    """``value`` as a Python int when it is an integer, else ``None``.
-
-    Integers are Python's and NumPy's (anything with ``__index__``, as ``prompt_ids`` entries are read), never
-    booleans (Python's or NumPy's) or floats, even integral ones.
-    """
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
-        return None
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 def seed_problem(seed: Any) -> str | None:

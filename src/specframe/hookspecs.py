@@ -1,4 +1,4 @@
-"""The five plugin interfaces of specframe, as pluggy hook specifications.
+"""The plugin interfaces of specframe, as pluggy hook specifications: five for decoding, one for commands.
 
 Each hook hands the plugin a ``register(name, factory, **extras)`` callback; a factory is usually the
 implementation's class itself, called with the configuration's options. The host stamps each entry
@@ -58,4 +58,14 @@ def register_schedules(register: Register) -> None:
 
     ``factory(**options)`` returns a Schedule. ``family`` restricts the entry to one model family (used by
     ``native``, which is each family's own diffusion decoder); ``None`` means it works on every family.
+    """
+
+
+@hookspec
+def register_commands(register: Register) -> None:
+    """Register command-line commands: ``register(name, "package.module:add_parser", help="...")``.
+
+    ``add_parser(subparsers)`` adds the command's argparse parser (named ``name``) and sets its ``handler``,
+    which takes the parsed arguments and returns the exit status. The module is imported only when the command
+    runs: ``specframe --help`` lists the command with its ``help`` alone.
     """

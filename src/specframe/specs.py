@@ -13,6 +13,7 @@ Values cannot contain commas. Examples::
 from __future__ import annotations
 
 import json
+import operator
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -131,3 +132,17 @@ def _format_value(value: Any) -> str:
     if isinstance(value, str) and parse_value(value) == value and "," not in value and value.strip() == value:
         return value
     return json.dumps(value)
+
+
+def as_integer(value: Any) -> int | None:
+    """``value`` as a Python int when it is an integer, else ``None``.
+
+    Integers are Python's and NumPy's (anything with ``__index__``, as ``prompt_ids`` entries are read), never
+    booleans (Python's or NumPy's) or floats, even integral ones.
+    """
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None

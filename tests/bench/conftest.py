@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specframe.models import load_model
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 
 # The bench tests time nothing that matters; one thread avoids oversubscribing shared CI machines.
 torch.set_num_threads(1)

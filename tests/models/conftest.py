@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from specframe.models import load_model
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 
 
 @pytest.fixture(scope="session")

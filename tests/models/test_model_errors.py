@@ -13,7 +13,7 @@ from zoo_helpers import causal, run
 
 from specframe.errors import CheckpointError, ConfigError, InputError, NonFiniteWeightsError
 from specframe.models import load_model
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from zoo_helpers import causal, run
 from specframe.errors import CheckpointError, UnknownPluginError
 from specframe.models import ModelBackend, load_model
 from specframe.models.hub import DEFAULT_MODEL, bundled_model, bundled_model_names, model_display_name
-from specframe.models.testing import NEMOTRON, SETDLM, small_vocabulary, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, SETDLM, small_vocabulary, write_random_checkpoint
 
 TOKENS = [5, 17, 300, 42, 7]
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from zoo_helpers import causal, run
 
 from specframe.models import load_model
-from specframe.models.testing import NEMOTRON, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, write_random_checkpoint
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,9 +15,10 @@ from safetensors.torch import save_file
 from converted_models import SIZES, write_tiny_gguf, write_tiny_llama
 from specframe import compose
 from specframe.cli import main
+from specframe.convert.pull import pull
 from specframe.errors import CheckpointError
 from specframe.models import load_model, named
-from specframe.models.named import PULL_RECORD, NamedModel, pull
+from specframe.models.named import PULL_RECORD, NamedModel
 
 NAME = "tiny-test"
 MEMBER = "tiny_pkg/tiny.Q.gguf"

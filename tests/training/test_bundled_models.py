@@ -12,7 +12,7 @@ from specframe import compose
 from specframe.cli import main
 from specframe.models import load_model
 from specframe.models.hub import DEFAULT_MODEL, bundled_model
-from specframe.models.testing import NEMOTRON, SETDLM
+from specframe.testing.models import NEMOTRON, SETDLM
 from specframe.training.evaluate import heldout_perplexity, heldout_prompts, heldout_windows
 from specframe.training.trainer import BUNDLED
 

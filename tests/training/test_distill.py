@@ -7,7 +7,7 @@ import torch
 
 from specframe import compose
 from specframe.models import load_model
-from specframe.models.testing import NEMOTRON, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, write_random_checkpoint
 from specframe.training.distill import DistillConfig, distillation_batch, greedy_rollouts
 from specframe.training.forward import TrainingForward
 from specframe.training.objectives import IGNORE, AnyOrderObjective, BlockDiffusionObjective

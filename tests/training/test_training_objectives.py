@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from specframe.models import load_model
-from specframe.models.testing import NEMOTRON, SETDLM, write_random_checkpoint
+from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 from specframe.training.forward import TrainingForward
 from specframe.training.objectives import IGNORE, AnyOrderObjective, BlockDiffusionObjective, batch_losses
 

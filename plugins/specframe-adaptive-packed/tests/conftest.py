@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import specframe_adaptive_packed
 
-from specframe.plugin_testing import registered_fixture, torch_threads
+from specframe.testing.plugins import registered_fixture, torch_threads
 
 # --8<-- [start:registered]
 # The plugin module, registered for the whole session (so module-scoped fixtures see it too) unless its entry

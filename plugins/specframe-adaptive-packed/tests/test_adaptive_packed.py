@@ -13,14 +13,14 @@ import torch
 from specframe_adaptive_packed import AdaptivePackedSchedule
 
 from specframe import compose
-from specframe.ar_reference import ar_distribution, goodness_of_fit
 from specframe.errors import ConfigError
 from specframe.models import load_model
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
-from specframe.models.testing import small_vocabulary, write_random_checkpoint
-from specframe.plugin_testing import install_distribution, run_with
 from specframe.state import Verification
+from specframe.testing.models import small_vocabulary, write_random_checkpoint
+from specframe.testing.plugins import install_distribution, run_with
+from specframe.testing.reference import ar_distribution, goodness_of_fit
 
 PLUGIN = Path(__file__).resolve().parents[1]
 NEMOTRON, SETDLM = "nemotron-labs-diffusion", "setdlm"

@@ -29,6 +29,7 @@ import warnings
 import torch
 
 from specframe.errors import ConfigError
+from specframe.specs import as_integer
 
 PARAMETERS_PER_THREAD = 64_000_000
 """Parameters one thread is given before a second one pays for its synchronisation."""
@@ -124,8 +125,6 @@ def check_threads(threads: object, option: str = "threads") -> int:
     Raises:
         ConfigError: Naming ``option``, the value and the allowed range.
     """
-    from specframe.decoder import as_integer  # here: the decoder module imports the models
-
     number = as_integer(threads)
     if number is None or number < 1:
         raise ConfigError(f"{option} must be a positive integer, got {threads!r}")

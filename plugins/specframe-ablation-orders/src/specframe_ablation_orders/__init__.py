@@ -2,7 +2,8 @@
 
 Installing this distribution makes the order ``lowest-confidence`` available by name to
 ``specframe.compose`` and the CLI, with no change to specframe: it is discovered through the ``specframe``
-entry-point group declared in this package's ``pyproject.toml``.
+entry-point group declared in this package's ``pyproject.toml``. It also adds a command,
+``specframe ablation-order``, which shows the order for some positions and scores.
 """
 
 from __future__ import annotations
@@ -31,3 +32,13 @@ class LowestConfidenceFirst(OrderPolicy):
 def register_order_policies(register):
     """Register the ``lowest-confidence`` order."""
     register("lowest-confidence", LowestConfidenceFirst)
+
+
+@hookimpl
+def register_commands(register):
+    """Register ``specframe ablation-order`` (imported only when it runs)."""
+    register(
+        "ablation-order",
+        "specframe_ablation_orders.cli:add_parser",
+        help="show the order in which lowest-confidence verifies draft positions",
+    )

@@ -6,7 +6,7 @@ layout; safetensors or ``.bin``, optionally sharded with an index), a ``tokenize
 BPE trained in a fraction of a second on ``pydoc_data.topics``, with each family's special tokens at the ids
 its config names) and, for Nemotron, optionally a ``linear_spec_lora/`` PEFT adapter::
 
-    from specframe.models.testing import write_random_checkpoint
+    from specframe.testing.models import write_random_checkpoint
 
     folder = write_random_checkpoint("nemotron-labs-diffusion", tmp_path / "nemo", seed=0, lora_rank=4)
     model = load_model(folder, dtype="float64", adapter=True)

@@ -9,7 +9,7 @@ builder (so it works for every family), and :func:`goodness_of_fit` compares sam
     counts = Counter(tuple(decoder.generate(prompt_ids=[0, 1, 2], seed=s).output_ids) for s in range(2000))
     assert goodness_of_fit(counts, exact) > 1e-4
 
-Keep the vocabulary tiny (:func:`specframe.models.testing.small_vocabulary`): the outcomes grow as V**length.
+Keep the vocabulary tiny (:func:`specframe.testing.models.small_vocabulary`): the outcomes grow as V**length.
 """
 
 from __future__ import annotations

@@ -7,13 +7,13 @@ instead is the serial guarantee (Proposition C.1 of the paper): **every accepted
 conditional given what was accepted before it** -- the call's verified prefix, in generation order, plus the
 tokens the same call accepted earlier. :func:`any_order_violations` decodes one request and checks exactly
 that, recomputing each conditional from scratch with the family's own mask builder
-(:func:`specframe.ar_reference.conditional_logits`)::
+(:func:`specframe.testing.reference.conditional_logits`)::
 
     decoder = compose({"model": model, "schedule": "packed", "order": "my-order", "width": 4,
                        "max_new_tokens": 16})
     assert any_order_violations(decoder, [0, 1, 2]) == []
 
-Use a small float64 model (:func:`specframe.models.testing.write_random_checkpoint`): each accepted token
+Use a small float64 model (:func:`specframe.testing.models.write_random_checkpoint`): each accepted token
 costs one cache-free forward over its context.
 """
 
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specframe.acceptance.greedy import GreedyAcceptance
-from specframe.ar_reference import conditional_logits
 from specframe.plan import CallPlan, CallResult
 from specframe.schedules.base import Schedule
 from specframe.state import DecodeState
+from specframe.testing.reference import conditional_logits
 
 if TYPE_CHECKING:
     from specframe.decoder import Decoder, Generation

@@ -11,8 +11,8 @@ subprocess's specframe discovers the plugin exactly as after ``pip install``::
 :func:`registered_fixture` makes a pytest fixture that keeps a plugin registered for a whole test session
 (or module), so that module- and session-scoped fixtures (a loaded model of a backend plugin) can use it too;
 :func:`torch_threads` runs a block (a test session) with a given number of torch threads. Random model
-checkpoints for tests come from :mod:`specframe.models.testing`, and the exact plain-AR distribution that a
-sampling test compares outputs with from :mod:`specframe.ar_reference`.
+checkpoints for tests come from :mod:`specframe.testing.models`, and the exact plain-AR distribution that a
+sampling test compares outputs with from :mod:`specframe.testing.reference`.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def registered_fixture(
     schedule, would not find it. Assign the result to a name in ``conftest.py``::
 
         import my_plugin
-        from specframe.plugin_testing import registered_fixture
+        from specframe.testing.plugins import registered_fixture
 
         my_plugin_registered = registered_fixture(my_plugin, "my_plugin")
 
@@ -111,5 +111,5 @@ def registered_fixture(
             yield
 
     registered.__name__ = fixture_name
-    registered.__doc__ = f"The plugin {name!r}, registered for the {scope} (specframe.plugin_testing)."
+    registered.__doc__ = f"The plugin {name!r}, registered for the {scope} (specframe.testing.plugins)."
     return pytest.fixture(scope=scope, autouse=autouse, name=fixture_name)(registered)
