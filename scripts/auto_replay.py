@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import torch
+from specframe.costs import CostModel
 
 from specframe import compose
 from specframe.bench.tasks import get_task
-from specframe.costs import CostModel
 from specframe.models import load_model
 from specframe.models.threads import apply_threads
 from specframe.schedules import auto as auto_module

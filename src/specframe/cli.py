@@ -31,7 +31,7 @@ from specframe.specs import comma_items, parse_spec
 EXTERNAL_COMMANDS = {
     "bench": "specframe.bench.cli",
     "train": "specframe.training.cli",
-    "calibrate": "specframe.choice.cli",
+    "calibrate": "specframe.auto.cli",
     "convert": "specframe.convert.cli",
     "train-drafter": "specframe.training.drafter_cli",
     "pull": "specframe.convert.pull_cli",

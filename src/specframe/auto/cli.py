@@ -28,9 +28,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, get its cost model (calibrating if needed or asked) and print it."""
-    from specframe.choice.setup import decoder_overhead
+    from specframe.auto.costs import cache_path, cost_model_for
+    from specframe.auto.setup import decoder_overhead
     from specframe.config import compose
-    from specframe.costs import cache_path, cost_model_for
 
     # An AR decoder composes the model's pieces without needing a cost model itself.
     loading = {"model": args.model, "device": args.device, "dtype": args.dtype, "revision": args.revision}
