@@ -81,7 +81,7 @@ class AutoSchedule(Schedule):
         self._ctx = None
 
     def bind(
-        self, cost: CostModel | Callable[[], CostModel], rows: Callable[[CallPlan], int], *, deterministic=False
+        self, cost: CostModel | Callable[[], CostModel], rows: Callable[[CallPlan], int], *, deterministic: bool = False
     ) -> None:
         """Give the schedule its cost model and the family's row count of a plan (``compose`` does).
 
