@@ -754,7 +754,7 @@ def test_calibrate_command_prints_the_model_and_reuses_its_cache(tmp_path, monke
     monkeypatch.setattr(costs_module, "calibrate", lambda *a, **k: quick(*a, **{**k, "budget_s": 0.05, "limit_s": 0.2}))
     assert main(["calibrate", "--model", str(folder), "--json"]) == 0
     first = json.loads(capsys.readouterr().out)
-    assert first["source"] == "calibrated" and first["host_s"] + first["host_row_s"] > 0 and first["table"]
+    assert first["source"] == "calibrated" and first["host_s"] == 0 and first["table"]  # forwards only
     assert main(["calibrate", "--model", str(folder)]) == 0
     text = capsys.readouterr().out
     assert "source: cache" in text and "ms x rows" in text and first["cache_file"] in text

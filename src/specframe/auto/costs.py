@@ -1,7 +1,8 @@
 """What a model call costs on this machine: ``t(R)`` of a call of R rows, calibrated once and cached on disk.
 
-A call that evaluates R new rows costs about ``tau + delta * R`` seconds of model time, plus the decoder's
-own work per call (``host_s``, ``host_row_s``); each row also attends to every cached position, so a call
+A call that evaluates R new rows costs about ``tau + delta * R`` seconds of model time (plus, where a cost
+model is given, the decoder's own work per call, ``host_s`` and ``host_row_s``; a calibration times forwards
+only, and runs no decoder); each row also attends to every cached position, so a call
 costs more late in a long generation. :func:`calibrate` times forwards of a few row counts against a cached
 prefix of :data:`CONTEXT` positions and one of :data:`LONG_CONTEXT`, in interleaved rounds (a shuffled order
 per round, so a burst of load from other processes hits all of them alike), and keeps the fastest of each:
@@ -22,7 +23,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,7 @@ class CostModel:
         tau: Fitted fixed model seconds per call.
         delta: Fitted model seconds per row.
         table: ``(rows, seconds)`` measured by the calibration, by increasing rows (empty: the fit everywhere).
-        host_s: Decoder seconds per call outside the model (planning, layout, acceptance).
+        host_s: Decoder seconds per call outside the model (planning, layout, acceptance), where given.
         context: Cached positions ``table`` was measured with.
         long_table: ``(rows, seconds)`` over ``long_context`` cached positions (empty: no context term).
         long_context: Cached positions ``long_table`` was measured with.
@@ -271,7 +272,6 @@ def calibrate(
     budget_s: float = 1.8,
     limit_s: float = 2.2,
     rows: Sequence[int] = ROW_COUNTS,
-    host_s: Callable[[], float | tuple[float, float]] | None = None,
     min_rounds: int = 3,
     max_rounds: int = 25,
 ) -> CostModel:
@@ -282,7 +282,6 @@ def calibrate(
         budget_s: Seconds to aim for, warm-up included unless it is slower than :data:`WARMUP_S`.
         limit_s: Seconds after which no new round starts even below ``min_rounds`` (one round always runs).
         rows: Row counts to time.
-        host_s: Measures the decoder's seconds per call outside the model: a number, or ``(per call, per row)``.
         min_rounds: Rounds to run even past the budget.
         max_rounds: Rounds to stop at within the budget.
     """
@@ -323,14 +322,10 @@ def calibrate(
     if len(contexts) == 2:  # a longer prefix never makes a call cheaper (a dip is noise)
         longer = _monotone([(r, min(samples[long_context, r])) for r in counts])
         long_table = tuple((r, max(long, short)) for (r, long), (_, short) in zip(longer, table, strict=True))
-    host = host_s() if host_s is not None else 0.0
-    host, host_row = host if isinstance(host, tuple) else (host, 0.0)
     return CostModel(
         tau,
         delta,
         table,
-        host_s=host,
-        host_row_s=host_row,
         context=context,
         long_table=long_table,
         long_context=long_context if long_table else 0,
@@ -344,13 +339,7 @@ def calibrate(
 _CHECKED: set[str] = set()
 
 
-def cost_model_for(
-    model: ModelBackend,
-    *,
-    refresh: bool = False,
-    host_s: Callable[[], float | tuple[float, float]] | None = None,
-    announce: bool = True,
-) -> CostModel:
+def cost_model_for(model: ModelBackend, *, refresh: bool = False, announce: bool = True) -> CostModel:
     """The cached cost model of ``model``, calibrating (and caching) it first if there is none or it is stale.
 
     A cached model is stale when :func:`shape_drift` finds its table's shape off by more than
@@ -373,7 +362,7 @@ def cost_model_for(
             reason = "its cached measurement no longer fits this machine"
     if announce:
         announce_calibration(model, reason)
-    cost = calibrate(model, host_s=host_s)
+    cost = calibrate(model)
     save(cost)
     _CHECKED.add(digest)
     return cost

@@ -72,14 +72,9 @@ def resolve(
     if isinstance(cost, Mapping):
         cost = CostModel.from_mapping(cost)
     if cost is None:
-        cost = NOMINAL_COST if deterministic else lambda: machine_cost(model, builder, order, rule)
+        cost = NOMINAL_COST if deterministic else lambda: cost_model_for(model)
     schedule.bind(cost, lambda plan: builder.build(plan).num_rows, deterministic=deterministic)
     return schedule, decoder_width
-
-
-def machine_cost(model: ModelBackend, builder: MaskBuilder, order: OrderPolicy, rule: AcceptanceRule) -> CostModel:
-    """This machine's cached cost model of ``model``, calibrated first (announced on stderr) if needed."""
-    return cost_model_for(model, host_s=lambda: decoder_overhead(model, builder, order, rule))
 
 
 def fixed_width(schedule: Schedule, schedule_name: str) -> int:
@@ -99,33 +94,3 @@ def fixed_width(schedule: Schedule, schedule_name: str) -> int:
         "--width 8, bench --widths 8), or, as the schedule's author, declare rate_model or the width it runs at "
         'under "auto" with the class attribute auto_width'
     )
-
-
-def decoder_overhead(
-    model: ModelBackend, builder: MaskBuilder, order: OrderPolicy, rule: AcceptanceRule
-) -> tuple[float, float]:
-    """The decoder's seconds per call outside the model: a fixed part and a part per row.
-
-    Measured on two short runs, plain AR and Packed-SS at W = 4, each the fastest of 3, and fitted as a line.
-    """
-    from specframe.decoder import Decoder
-    from specframe.schedules.ar import ARSchedule
-    from specframe.schedules.packed import PackedSchedule
-
-    special = {model.mask_token_id, *model.eos_token_ids}
-    ordinary = [t for t in range(min(model.vocab_size, 64)) if t not in special]
-    prompt = [ordinary[(7 * i) % len(ordinary)] for i in range(8)]
-    points = []
-    saved = model.eos_token_ids
-    model.eos_token_ids = ()  # run the full 16 tokens
-    try:
-        for schedule, width in ((ARSchedule(), 1), (PackedSchedule(), 4)):
-            decoder = Decoder(model, builder, schedule, order, rule, width=width, max_new_tokens=16, seed=0)
-            runs = [decoder.generate(prompt_ids=prompt).metrics for _ in range(3)]
-            rows = [r for m in runs for r in m.rows_per_call[1:]]  # after the prompt call
-            points.append((sum(rows) / max(len(rows), 1), min(m.non_model_s / max(m.nfe, 1) for m in runs)))
-    finally:
-        model.eos_token_ids = saved
-    (r0, h0), (r1, h1) = points
-    per_row = max((h1 - h0) / (r1 - r0), 0.0) if r1 > r0 else 0.0
-    return max(h0 - per_row * r0, 0.0), per_row
