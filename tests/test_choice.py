@@ -568,7 +568,7 @@ def test_a_stable_pick_is_not_re_estimated_until_acceptance_or_the_context_moves
     real_best = auto_module.best
 
     def counted(*args, **kwargs):
-        estimates.append((decoder.schedule.policy._learned, decoder.schedule.policy._estimated[2]))
+        estimates.append((decoder.schedule.policy._learned, decoder.schedule.policy._estimated[3]))
         return real_best(*args, **kwargs)
 
     monkeypatch.setattr(auto_module, "best", counted)
@@ -609,6 +609,47 @@ def test_the_decoder_times_every_steady_state_call_and_the_policy_reads_no_clock
     assert "time" not in vars(policy_module) and "perf_counter" not in open(policy_module.__file__).read()
 
 
+def _policy(cost, widths=(2, 3, 4, 6, 8, 12, 16)):
+    candidates = [AR, *(Candidate("packed", w, "packed") for w in widths)]
+    policy = auto_module.WidthPolicy(candidates, _rows, size=17, free_bonus=True)
+    policy.bind(CostModel.from_mapping(cost), deterministic=False)
+    policy.start_request()
+    return policy
+
+
+def _drive(policy, accept, calls=300, context=100):
+    """Synthetic calls: a packed call verifies its leftover (offsets 2..W), all accepted or none."""
+    labels = []
+    for _ in range(calls):
+        candidate = policy.choose(context)
+        labels.append(candidate.label)
+        policy.observe_call(_rows(candidate, candidate.width), 0.01, context)
+        chain = [("prefix", d) for d in range(2, candidate.width + 1)]
+        accepted = len(chain) if accept else 0
+        policy.observe_verification(chain, accepted, accepted + 1)
+    return labels
+
+
+def test_the_policy_alone_drafts_wide_when_drafts_hold_and_rows_are_cheap_and_backs_off_when_they_fail():
+    wide = _drive(_policy(ROWS_CHEAP), accept=True)
+    assert "ar" not in wide[50:] and wide[-1] in ("packed/w12", "packed/w16")
+    failing = _drive(_policy({"tau": 0.001, "delta": 0.0002}), accept=False, calls=400)
+    assert failing[60:].count("ar") > 0.95 * len(failing[60:])  # AR calls, with probes that back off
+    probes = [i for i, label in enumerate(failing) if label != "ar" and i > 60]
+    gaps = [b - a for a, b in zip(probes, probes[1:], strict=False) if b - a > 2]
+    assert gaps == sorted(gaps) and max(gaps) >= auto_module.PROBE_AFTER_MAX - 2
+
+
+def test_a_deterministic_policy_reads_no_timing_no_batch_and_forgets_between_requests():
+    policy = _policy(ROWS_CHEAP)
+    policy.bind(CostModel.from_mapping(ROWS_CHEAP), deterministic=True)
+    first = _drive(policy, accept=True, calls=40)
+    policy.observe_call(1, 5.0, 100, batch_rows=400)
+    assert policy.times is None and policy.batch_rows is None
+    policy.start_request()
+    assert _drive(policy, accept=True, calls=40) == first  # nothing carried over
+
+
 def test_a_shared_forward_moves_the_load_and_costs_rows_at_the_margin():
     cost = costs_module.CostModel(0.01, 0.001)
     assert cost.seconds(4) == pytest.approx(0.014)
@@ -625,9 +666,7 @@ def test_a_shared_forward_moves_the_load_and_costs_rows_at_the_margin():
         assert alone.kind == "packed"  # a call's fixed cost dominates: drafting pays
         policy.observe_call(1, 0.0105, 100, batch_rows=200)  # then the request shares forwards of 200 rows
         assert policy.batch_rows == 199 and policy.times.count("ar") == 0  # the load, not a candidate's bias
-        policy._since_refresh = auto_module.REFRESH_CALLS
-        policy._since_scan = auto_module.FULL_SCAN_CALLS
-        policy._learned += 1  # something new to estimate from
+        policy._since_refresh = auto_module.REFRESH_CALLS  # the next refresh: the batch moved, so it estimates
         assert policy.choose(100) == AR  # each row now costs delta, and AR calls add a token per row
 
 

@@ -92,7 +92,7 @@ class WidthPolicy:
         self._probe, self._probe_left, self._probe_after, self._judge_probe = AR, 0, PROBE_AFTER, False
         self._ar_streak = 0
         self._learned = 0  # verifications that checked a draft
-        self._estimated: tuple[int, int, int] = (-1, -1, 0)  # (learned, timing revision, context) at the estimate
+        self._estimated = (-1, -1, 0, 0)  # (learned, timing revision, batch, context) at the last estimate
         self._estimates = 0
         self._untried: tuple[int, Candidate] | None = None  # (estimates, pick) when no trial was worth it
         self._predicted: dict[str, float] = {}
@@ -206,12 +206,13 @@ class WidthPolicy:
         if self.chosen is not None and self._since_refresh < REFRESH_CALLS:
             return self.chosen
         revision = self.times.revision if self.times is not None else 0
-        if self.chosen is not None and (self._learned, revision) == self._estimated[:2]:
-            # Nothing learned since the last estimate; only the context moved.
-            if self._since_scan < FULL_SCAN_CALLS or abs(context - self._estimated[2]) < CONTEXT_STEP:
+        batch = self.batch_rows.bit_length() if self.batch_rows else 0  # other requests' rows, by powers of 2
+        if self.chosen is not None and (self._learned, revision, batch) == self._estimated[:3]:
+            # Nothing learned and the batch about as wide since the last estimate; only the context moved.
+            if self._since_scan < FULL_SCAN_CALLS or abs(context - self._estimated[3]) < CONTEXT_STEP:
                 self._since_refresh = 0
                 return self.chosen
-        self._estimated = (self._learned, revision, context)
+        self._estimated = (self._learned, revision, batch, context)
         self._estimates += 1
         candidates = self.candidates
         if self.chosen is not None and self._since_scan < FULL_SCAN_CALLS:
