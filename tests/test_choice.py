@@ -590,9 +590,9 @@ def test_the_decoder_times_every_steady_state_call_and_the_policy_reads_no_clock
     observed = []
     real = CallTimes.observe
 
-    def recorded(self, label, predicted, seconds, calls=1):
-        observed.append((label, calls, predicted))
-        return real(self, label, predicted, seconds, calls)
+    def recorded(self, label, predicted, seconds):
+        observed.append((label, 1, predicted))
+        return real(self, label, predicted, seconds)
 
     monkeypatch.setattr(CallTimes, "observe", recorded)
     measured = {**ROWS_DEAR, "source": "calibrated"}  # a measured model: calls are timed
@@ -668,24 +668,6 @@ def test_a_shared_forward_moves_the_load_and_costs_rows_at_the_margin():
         assert policy.batch_rows == 199 and policy.times.count("ar") == 0  # the load, not a candidate's bias
         policy._since_refresh = auto_module.REFRESH_CALLS  # the next refresh: the batch moved, so it estimates
         assert policy.choose(100) == AR  # each row now costs delta, and AR calls add a token per row
-
-
-def test_calls_timed_together_count_as_that_many_calls_of_their_mean():
-    one, many = CallTimes(), CallTimes()
-    for _ in range(3):
-        one.observe("packed/w2", 0.010, 0.012)
-    many.observe("packed/w2", 0.010, 0.012, 3)
-    for times in (one, many):  # then ar: two calls to learn its bias from, the rest moves the load
-        times.observe("ar", 0.010, 0.020)
-        times.observe("ar", 0.010, 0.020)
-    for _ in range(9):
-        one.observe("ar", 0.010, 0.025)
-    many.observe("ar", 0.010, 0.025, 9)
-    assert many.load == pytest.approx(one.load) and many.count("ar") == one.count("ar") == 11
-    assert many.correct("ar", 0.01) == pytest.approx(one.correct("ar", 0.01))
-    revision = many.revision
-    many.observe("ar", 0.010, 0.025, 5)  # its bias is learned: only the load moves
-    assert many.revision == revision and many.load != one.load
 
 
 # -- the cost model --------------------------------------------------------------------------------------

@@ -95,7 +95,6 @@ class WidthPolicy:
         self._estimated = (-1, -1, 0, 0)  # (learned, timing revision, batch, context) at the last estimate
         self._estimates = 0
         self._untried: tuple[int, Candidate] | None = None  # (estimates, pick) when no trial was worth it
-        self._predicted: dict[str, float] = {}
         self._predicted_tokens: dict[str, float] = {}
         self._expect: float | None = None
         self._last_label: str | None = None
@@ -229,7 +228,7 @@ class WidthPolicy:
 
         chosen, rates = best(
             candidates, q, seconds, self.rows, free_bonus=self.free_bonus, k=self.k,
-            correct=self._correct, scale=self._scale,
+            correct=self.times.correct if self.times is not None else None, scale=self._scale,
         )  # fmt: skip
         low = self._pessimist(q, seconds)
         current = self.chosen
@@ -278,10 +277,6 @@ class WidthPolicy:
     def _scale(self, label: str, predicted: float) -> float:
         self._predicted_tokens[label] = predicted
         return predicted * self.tokens.factor(label)
-
-    def _correct(self, label: str, predicted: float) -> float:
-        self._predicted[label] = predicted
-        return self.times.correct(label, predicted) if self.times is not None else predicted
 
 
 def _near(candidate: Candidate, pick: Candidate) -> bool:

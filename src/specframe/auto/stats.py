@@ -150,44 +150,34 @@ class CallTimes:
 
     def __init__(self, *, decay: float = 0.9, trust: float = 3.0) -> None:
         self.decay, self.trust, self.load = decay, trust, 1.0
-        self._counts: dict[str, float] = {}
+        self._counts: dict[str, int] = {}
         self._bias: dict[str, float] = {}
-        self._sums: dict[str, float] = {}
+        self._sums: dict[str, int] = {}  # calls the bias was learned from
         #: Counts the changes of any candidate's bias (not of the load, which scales all alike).
         self.revision = 0
 
-    def observe(self, label: str | None, predicted: float | None, seconds: float, calls: int = 1) -> None:
-        """``calls`` calls of ``label`` took ``seconds`` each on average (predicted: ``predicted``).
-
-        ``label`` None: calls shared with other requests, which move only the load.
+    def observe(self, label: str | None, predicted: float | None, seconds: float) -> None:
+        """A call of ``label`` took ``seconds`` (predicted: ``predicted``); ``label`` None: a call shared with
+        other requests, which moves only the load.
         """
         if label is not None:
-            self._counts[label] = self._counts.get(label, 0.0) + calls
-        if not predicted or calls < 1:
+            self._counts[label] = self._counts.get(label, 0) + 1
+        if not predicted:
             return
         ratio = seconds / predicted
         if not self._bias and label is not None:  # the first call sets the load, its candidate is the reference
             self.load = ratio
-            self._bias[label], self._sums[label] = 1.0, float(LEARN_CALLS)
+            self._bias[label], self._sums[label] = 1.0, LEARN_CALLS
         bias = self._bias.get(label, 1.0)
         expected = self.load * bias
-        ratio = min(max(ratio, expected / OUTLIER), expected * OUTLIER)
-        learned = self._sums.get(label, 0.0) if label is not None else LEARN_CALLS
+        ratio = min(max(ratio, expected / OUTLIER), expected * OUTLIER)  # one stalled call moves little
+        learned = self._sums.get(label, 0) if label is not None else LEARN_CALLS
         if learned < LEARN_CALLS:  # still learning: a running mean of ratio / load; the load is left alone
             self.revision += 1
-            learning = min(calls, LEARN_CALLS - learned)
-            mean = bias * learned + learning * ratio / self.load
-            self._sums[label] = learned + learning
-            self._bias[label] = bias = min(max(mean / (learned + learning), 1 / 3), 3.0)
-            calls -= int(learning)
-            if not calls:
-                return
-        kept = self.decay**calls
-        self.load = kept * self.load + (1 - kept) * ratio / bias
-
-    def learning(self, label: str) -> bool:
-        """Whether ``label``'s bias is still being learned."""
-        return self._sums.get(label, 0.0) < LEARN_CALLS
+            self._sums[label] = learned + 1
+            self._bias[label] = min(max((bias * learned + ratio / self.load) / (learned + 1), 1 / 3), 3.0)
+        else:
+            self.load = self.decay * self.load + (1 - self.decay) * ratio / bias
 
     def count(self, label: str) -> int:
         """How many calls of ``label`` have been timed."""
