@@ -157,8 +157,9 @@ class CallTimes:
         self.revision = 0
 
     def observe(self, label: str | None, predicted: float | None, seconds: float) -> None:
-        """A call of ``label`` took ``seconds`` (predicted: ``predicted``); ``label`` None: a call shared with
-        other requests, which moves only the load.
+        """A call of ``label`` took ``seconds`` (predicted: ``predicted``).
+
+        ``label`` None: a forward shared with other requests, which moves only the load.
         """
         if label is not None:
             self._counts[label] = self._counts.get(label, 0) + 1
