@@ -126,7 +126,7 @@ class AutoSchedule(Schedule):
         out: dict[str, object] = {"name": self.name, "width": "auto" if self.widths is None else list(self.widths)}
         if self.deterministic:
             out["deterministic"] = True
-        if len(self.schedules) > 1 or self.name != self.schedules[0].name:
+        if len(self.schedules) > 1 or any(s.rate_model == "kbranch" for s in self.schedules):
             out["candidates"] = [s.name for s in self.schedules]
             out["k"] = self.k
         if self.policy is not None:
