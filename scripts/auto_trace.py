@@ -2,10 +2,10 @@
 
 For each prompt, runs plain AR, the automatic decoder and the fixed widths given (interleaved, so load hits
 them alike), and for the automatic decoder records per call: the candidate label, the rows, the cached
-context, the seconds predicted for that label when it was chosen (after the online correction), the
-seconds observed (planning to planning) and the tokens added. Prints where the automatic decoder's time
-goes against plain AR: calls and seconds per label, the cost of probes and of switching, and the
-predicted-vs-observed seconds by label.
+context, the forward seconds the decoder observed (what the policy is fed through ``observe_call``), the
+forward seconds the cost model predicted for those rows (raw, and corrected by the load and the label's
+bias) and the tokens added. Prints where the automatic decoder's time goes against plain AR: calls and
+seconds per label, the cost of probes and of switching, and predicted-vs-observed seconds by label.
 
 Usage (machine noise matters: compare only the ratios of one run)::
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections import defaultdict
 
 from specframe import compose
@@ -28,32 +27,23 @@ def traced(decoder):
     """Wrap the decoder's auto schedule so that each call's choice, prediction and outcome are recorded."""
     schedule = decoder.schedule
     log: list[dict] = []
-    plan, update = schedule.plan, schedule.update
-    clock = {"t": None}
+    plan, update, observe = schedule.plan, schedule.update, schedule.observe_call
 
     def traced_plan(state):
-        now = time.perf_counter()
-        if log and clock["t"] is not None and not state.first_call:
-            log[-1]["observed_s"] = now - clock["t"]
         out = plan(state)
         label = schedule.label()
-        predicted = schedule._predicted.get(label)
-        corrected = schedule._times.correct(label, predicted) if predicted and schedule._times else predicted
         rate = schedule.rates.get(label)
-        log.append(
-            {
-                "label": label,
-                "predicted_tokens": rate * corrected if rate and corrected else None,
-                "rows": None,
-                "context": len(state.cached) if hasattr(state, "cached") else None,
-                "predicted_s": corrected,
-                "raw_predicted_s": predicted,
-                "first": state.first_call,
-                "verify": len(out.chain_positions),
-            }
-        )
-        clock["t"] = time.perf_counter()
+        log.append({"label": label, "first": state.first_call, "rate": rate, "verify": len(out.chain_positions)})
         return out
+
+    def traced_observe(state, rows, seconds, batch_rows=None):
+        policy, entry = schedule.policy, log[-1]
+        context = state.start + len(state.tokens)
+        predicted = policy.cost.model_seconds(rows, context) if policy.cost is not None else None
+        times = policy.times
+        corrected = times.correct(entry["label"], predicted) if predicted and times is not None else predicted
+        entry.update(rows=rows, context=context, observed_s=seconds, raw_predicted_s=predicted, predicted_s=corrected)
+        return observe(state, rows, seconds, batch_rows)
 
     def traced_update(state, plan_, result):
         before = len(state.output_ids())
@@ -62,18 +52,7 @@ def traced(decoder):
         log[-1]["accepted"] = accepted
         return accepted
 
-    schedule.plan, schedule.update = traced_plan, traced_update
-    model = decoder.model
-    forward = model.forward
-
-    def timed_forward(*a, **k):
-        start = time.perf_counter()
-        out = forward(*a, **k)
-        if log:
-            log[-1]["model_s"] = time.perf_counter() - start
-        return out
-
-    decoder._trace_forward = (model, forward, timed_forward)
+    schedule.plan, schedule.update, schedule.observe_call = traced_plan, traced_update, traced_observe
     return log
 
 
@@ -107,7 +86,6 @@ def main() -> None:
         names = names[i % len(names) :] + names[: i % len(names)]
         for name in names:
             start = len(log)
-            model.forward = methods["auto"]._trace_forward[2] if name == "auto" else methods["auto"]._trace_forward[1]
             result = methods[name].generate(example.prompt)
             m = result.metrics
             totals[name][0] += m.wall_s
@@ -115,8 +93,6 @@ def main() -> None:
             totals[name][2] += m.nfe
             model_s[name] += m.model_s
             if name == "auto":
-                for entry, rows in zip(log[start:], m.rows_per_call, strict=True):
-                    entry["rows"] = rows
                 per_request.append(log[start:])
     ar_rate = totals["ar"][1] / totals["ar"][0]
     print(f"{'method':14s} {'tok/s':>8s} {'x ar':>6s} {'tok/NFE':>8s} {'ms/NFE':>7s} {'model':>6s} {'host':>6s}")
@@ -131,9 +107,9 @@ def main() -> None:
     by_label = defaultdict(list)
     for e in steady:
         by_label[e["label"]].append(e)
-    print("\nauto, per label (calls after the prompt call):")
+    print("\nauto, per label (calls after the prompt call; forward ms observed and predicted):")
     print(
-        f"{'label':12s} {'calls':>6s} {'share s':>8s} {'obs ms':>7s} {'pred ms':>8s} {'model':>6s}"
+        f"{'label':12s} {'calls':>6s} {'share s':>8s} {'obs ms':>7s} {'pred ms':>8s} {'raw':>6s}"
         f" {'tok/call':>8s} {'pred':>5s} {'rows':>5s}"
     )
     spent = sum(e["observed_s"] for e in steady)
@@ -143,8 +119,9 @@ def main() -> None:
         pred = sum(preds) / len(preds) if preds else float("nan")
         tok = sum(e["added"] for e in entries) / len(entries)
         rows = sum(e["rows"] for e in entries) / len(entries)
-        mod = sum(e.get("model_s", 0.0) for e in entries) / len(entries)
-        ptok = [e["predicted_tokens"] for e in entries if e["predicted_tokens"]]
+        raws = [e["raw_predicted_s"] for e in entries if e["raw_predicted_s"]]
+        mod = sum(raws) / len(raws) if raws else float("nan")
+        ptok = [e["rate"] * e["predicted_s"] for e in entries if e["rate"] and e["predicted_s"]]
         ptok = sum(ptok) / len(ptok) if ptok else float("nan")
         share = sum(e["observed_s"] for e in entries) / spent
         print(

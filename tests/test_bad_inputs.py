@@ -616,8 +616,9 @@ def test_a_plugin_schedule_can_declare_that_it_takes_no_width(model):
 def test_a_cost_cache_folder_that_is_a_file_is_refused(model, tmp_path, monkeypatch):
     (tmp_path / "file").write_text("x")
     monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path / "file"))
+    decoder = compose({"model": model, "schedule": "packed", "width": "auto"})  # composing reads no cost model
     with pytest.raises(ConfigError, match="SPECFRAME_CACHE_DIR=.* is a file, so nothing .* can be cached"):
-        compose({"model": model, "schedule": "packed", "width": "auto"})
+        decoder.generate(prompt_ids=[3, 5, 7], max_new_tokens=4)  # its first use does
 
 
 # -- trial 3: values that were coerced, defaulted or reported as something else ----------------------------

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from specframe import costs
-from specframe.costs import CostModel, cost_model_for
+from specframe.auto import costs
+from specframe.auto.costs import CostModel, cost_model_for
 
 
 @pytest.fixture

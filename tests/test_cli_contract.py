@@ -154,7 +154,7 @@ def test_help_says_what_each_command_does_and_the_defaults_that_apply(capsys):
 
 def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, checkpoints, tmp_path, monkeypatch):
     """A cost model is cached per thread count: `calibrate --threads` must reach the one `generate --threads` uses."""
-    from specframe import costs
+    from specframe.auto import costs
 
     monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
     quick = costs.calibrate

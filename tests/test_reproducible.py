@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-import specframe.choice.setup as choice_setup
-import specframe.schedules.auto as auto_module
+import specframe.auto.setup as auto_setup
+import specframe.decoder as decoder_module
 from specframe import compose
-from specframe.costs import CostModel
+from specframe.auto.costs import NOMINAL_COST, CostModel
 from specframe.exactness import width_changes_output
 from specframe.models import load_model
 from specframe.orders.confidence import ConfidenceOrder
@@ -55,8 +55,8 @@ def _outputs(model, monkeypatch, config) -> list[list[int]]:
     """The output of ``config`` on every machine (each under its own load), and of a decoder's second call."""
     outputs = []
     for index, machine in enumerate(MACHINES):
-        monkeypatch.setattr(choice_setup, "cost_model_for", lambda *args, machine=machine, **kwargs: machine)
-        monkeypatch.setattr(auto_module, "time", _LoadedClock(index) if index else auto_module.time)
+        monkeypatch.setattr(auto_setup, "cost_model_for", lambda *args, machine=machine, **kwargs: machine)
+        monkeypatch.setattr(decoder_module, "time", _LoadedClock(index) if index else decoder_module.time)
         decoder = compose({"model": model, "max_new_tokens": LENGTH, "seed": 3, **config})
         outputs.append(decoder.generate(PROMPT).output_ids)
         if index == 0:  # the same decoder again: nothing learned on the first call may change the second
@@ -85,10 +85,10 @@ def test_width_auto_with_output_dependent_on_width_never_calibrates(monkeypatch)
     def calibrate(*args, **kwargs):
         raise AssertionError("the machine's cost model was read")
 
-    monkeypatch.setattr(choice_setup, "cost_model_for", calibrate)
+    monkeypatch.setattr(auto_setup, "cost_model_for", calibrate)
     decoder = compose({"model": "setdlm-stdlib-tiny", "order": "confidence", "max_new_tokens": 4})
     assert decoder.schedule.deterministic and decoder.describe()["schedule"]["deterministic"] is True
-    assert decoder.schedule.cost == choice_setup.NOMINAL_COST
+    assert decoder.schedule.cost == NOMINAL_COST
     decoder.generate(PROMPT)
 
 

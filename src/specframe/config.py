@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specframe.acceptance.base import AcceptanceRule
+from specframe.auto import setup as auto_setup
+from specframe.auto.setup import check_cost
 from specframe.blame import remember
-from specframe.choice import setup as choice_setup
-from specframe.choice.setup import check_cost
 from specframe.decoder import Decoder, as_integer, seed_problem
 from specframe.errors import ConfigError, PluginError, SpecframeError
 from specframe.masks.base import MaskBuilder
@@ -65,10 +65,10 @@ class DecoderConfig:
         acceptance: Acceptance rule name or mapping (``greedy``; ``rejection`` with ``temperature``,
             ``top_k``, ``top_p``).
         width: Speculative width W >= 1 (Nemotron's block size is W + 1), or ``"auto"``: ``packed``,
-            ``linear``, ``quadratic``, ``kbranch`` and ``auto`` then choose the width of every call from the
-            machine's cost model (``packed`` also falls back to plain AR calls); ``native`` uses 8, and a plugin
-            schedule its ``auto_width`` (one that declares none needs a width: ``"auto"`` is an error). ``ar``
-            takes no width: leave it at ``"auto"`` (a width other than 1 is an error, not ignored).
+            ``linear``, ``quadratic``, ``kbranch``, ``auto`` and any schedule that declares a ``rate_model``
+            then choose the width of every call from the machine's cost model (``packed`` also falls back to
+            plain AR calls); ``native`` uses 8, and another plugin schedule its ``auto_width`` (one that declares
+            neither needs a width: ``"auto"`` is an error). ``ar`` takes no width: leave it at ``"auto"``.
         max_new_tokens: Output length limit L >= 1.
         seed: Seed of the sampling generator; ``None`` draws a fresh seed per request.
         device: Device to load the model on (``"cpu"``, ``"cuda"``, ``"cuda:1"``...); default CPU.
@@ -85,7 +85,7 @@ class DecoderConfig:
         compile: Run steady-state model calls as compiled graphs over a fixed-capacity cache (``torch.compile``;
             CUDA graphs on CUDA); see :mod:`specframe.models.compiled`.
         cost: The cost model a width or schedule ``"auto"`` chooses by: ``None`` (this machine's, calibrated
-            once and cached on disk), a :class:`~specframe.costs.CostModel`, or a mapping such as
+            at first use and cached on disk), a :class:`~specframe.auto.costs.CostModel`, or a mapping such as
             ``{"tau": 0.007, "delta": 0.0002}`` (seconds per call and per row).
     """
 
@@ -313,7 +313,7 @@ def compose(config: DecoderConfig | Mapping[str, Any] | None = None, **overrides
     schedule.name = schedule.name or schedule_name
     check_schedule_width(cfg.width, schedule)
     asked = cfg.width if getattr(schedule, "takes_width", True) else 1  # ar: a one-token window, a small cache
-    schedule, width = choice_setup.resolve(asked, cfg.cost, schedule, schedule_name, model, builder, order, rule)
+    schedule, width = auto_setup.resolve(asked, cfg.cost, schedule, schedule_name, model, builder, order, rule)
     return Decoder(
         model,
         builder,

@@ -302,6 +302,7 @@ class Decoder:
                     )
                 sync()
                 metrics.model_s += clock() - forward_started
+                schedule.observe_call(state, ids.shape[0], clock() - forward_started)  # the width chooser's timing
                 metrics.nfe += 1
                 rows_per_call.append(ids.shape[0])
                 choices.append((schedule.label(), plan.width))

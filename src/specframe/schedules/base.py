@@ -18,6 +18,9 @@ from specframe.hostread import read_together
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.state import DecodeState
 
+#: Widths ``width: "auto"`` considers (up to the decoder's width, at most 16).
+AUTO_WIDTHS = (*range(1, 9), 10, 12, 16)
+
 
 class Schedule(ABC):
     """Plans model calls and applies their results."""
@@ -29,11 +32,13 @@ class Schedule(ABC):
     #: ``"auto"`` (or 1) for a schedule that sets this to False, such as ``ar``, rather than ignore it.
     takes_width: bool = True
 
-    #: The fixed width W this schedule runs at under ``width: "auto"`` (the default), for a schedule whose
-    #: width no cost model chooses. ``None`` (the default): ``"auto"`` is a ``ConfigError`` that asks for a
-    #: width, so a plugin schedule never runs at a width nobody chose while its runs are labelled ``auto``.
-    #: The built-in ``native`` schedules set 8. (``packed``, ``linear``, ``quadratic``, ``kbranch`` and
-    #: ``auto`` have their widths chosen per call; ``ar`` takes none.)
+    #: The steady-state chain by which ``width: "auto"`` predicts this schedule's tokens per call: ``packed``,
+    #: ``kbranch``, ``quadratic`` or ``linear`` (see :mod:`specframe.auto.rates`; a subclass of a built-in
+    #: schedule inherits its own). ``None`` (the default): its width is not chosen per call.
+    rate_model: str | None = None
+    #: The fixed width W this schedule runs at under ``width: "auto"`` (the default) when it declares no
+    #: ``rate_model``. ``None`` (the default): ``"auto"`` is then a ``ConfigError`` that asks for a width, so a
+    #: plugin schedule never runs at a width nobody chose. The built-in ``native`` schedules set 8.
     auto_width: int | None = None
     #: Whether the schedule commits only what the acceptance rule verified, so that the output is the
     #: verifier's: ``True`` for the built-in speculative schedules, ``False`` for a lossy one (the ``native``
@@ -56,6 +61,31 @@ class Schedule(ABC):
             :func:`verify_planned_chain`; 0 when the call verified nothing. The decoder keeps exactly those
             draft rows (and the pending tokens) in the KV cache.
         """
+
+    def width_candidates(self, maximum: int) -> tuple[int, ...]:
+        """The widths ``width: "auto"`` chooses among for this schedule, up to ``maximum``; 0 is a plain AR call.
+
+        Empty when the schedule declares no ``rate_model`` (then ``"auto"`` means ``auto_width``). Packed-SS
+        and k-branch start at 2 (at W = 1 they draft only the position their own verifier fills), and
+        Packed-SS also falls back to plain AR calls. Override it to offer other widths.
+        """
+        if self.rate_model is None:
+            return ()
+        widths = tuple(w for w in AUTO_WIDTHS if w <= maximum) or (maximum,)
+        if self.rate_model in ("packed", "kbranch") and len(widths) > 1:
+            widths = widths[1:]
+        return (0, *widths) if self.rate_model == "packed" else widths
+
+    def observe_call(self, state: DecodeState, rows: int, seconds: float, batch_rows: int | None = None) -> None:
+        """What the decoder measured of the model call this schedule just planned for ``state``: a no-op here.
+
+        Args:
+            state: The request's state (its ``first_call`` is still True for the prompt's call).
+            rows: This request's rows in the call.
+            seconds: Wall time of the forward.
+            batch_rows: Total rows of the forward when it was shared with other requests; ``None`` alone.
+        """
+        return None
 
     def describe(self) -> dict[str, object]:
         """JSON-friendly description."""

@@ -37,6 +37,7 @@ class KBranchSchedule(Schedule):
 
     name = "kbranch"
     exact = True
+    rate_model = "kbranch"  # width "auto" chooses its width (specframe.auto.rates)
 
     def __init__(self, k: int = 2) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:

@@ -21,6 +21,7 @@ class LinearSchedule(Schedule):
 
     name = "linear"
     exact = True
+    rate_model = "linear"  # width "auto" chooses its width (specframe.auto.rates)
 
     def plan(self, state: DecodeState) -> CallPlan:
         """Prompt call, then alternately a drafting call (no stored draft) and a verification call."""

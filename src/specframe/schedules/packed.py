@@ -25,6 +25,7 @@ class PackedSchedule(Schedule):
 
     name = "packed"
     exact = True
+    rate_model = "packed"  # width "auto" chooses its width (specframe.auto.rates)
 
     def plan(self, state: DecodeState) -> CallPlan:
         """Verify the stored draft over the window and draft the window from the verified prefix."""

@@ -19,6 +19,7 @@ class QuadraticSchedule(Schedule):
 
     name = "quadratic"
     exact = True
+    rate_model = "quadratic"  # width "auto" chooses its width (specframe.auto.rates)
 
     def plan(self, state: DecodeState) -> CallPlan:
         """One draft group per possible outcome ``a = 1 .. m``."""

@@ -1,21 +1,15 @@
-"""What a model call costs on this machine: a short calibration, fitted and cached on disk.
+"""What a model call costs on this machine: ``t(R)`` of a call of R rows, calibrated once and cached on disk.
 
-A call that evaluates R new rows costs about ``tau + delta * R`` seconds of model time (tau: the fixed cost
-of a forward, reading the weights and launching kernels; delta: the cost per row once compute-bound), plus
-the decoder's own work per call (planning, layout, acceptance: ``host_s``). Each row also attends to every
-cached position, so a call costs more late in a long generation. :func:`calibrate` times forwards of a few
-row counts against a cached prefix of :data:`CONTEXT` positions and against one of :data:`LONG_CONTEXT`, in
-interleaved rounds (each round visits the (context, rows) pairs in a shuffled order, so a burst of load from
-other processes hits all of them alike), keeps the fastest of each (what the machine does while other
-processes leave it alone: the decoder scales the whole model by the load it observes, see
-:class:`specframe.choice.stats.CallTimes`, so the table should describe the machine, not the load of the
-moment it was measured), and fits tau and delta by least squares on the short context's values. The
-values form two tables, one per context: :meth:`CostModel.seconds` interpolates in the rows within each
-(beyond them it extrapolates with delta) and linearly in the context between them.
-
-Cost models are cached per model identity, device, dtype, thread count, compilation and torch version,
-under ``$SPECFRAME_CACHE_DIR`` (default: ``$XDG_CACHE_HOME/specframe`` or ``~/.cache/specframe``), so the
-next process reuses them instead of calibrating again.
+A call that evaluates R new rows costs about ``tau + delta * R`` seconds of model time (plus, where a cost
+model is given, the decoder's own work per call, ``host_s`` and ``host_row_s``; a calibration times forwards
+only, and runs no decoder); each row also attends to every cached position, so a call
+costs more late in a long generation. :func:`calibrate` times forwards of a few row counts against a cached
+prefix of :data:`CONTEXT` positions and one of :data:`LONG_CONTEXT`, in interleaved rounds (a shuffled order
+per round, so a burst of load from other processes hits all of them alike), and keeps the fastest of each:
+the machine without interference (the chooser scales the whole model by the load it observes). The values
+form two tables, interpolated in the rows and linearly in the context. Cost models are cached per model
+identity, device, dtype, threads, compilation and torch version under ``$SPECFRAME_CACHE_DIR/costs``.
+Measurements behind the constants are on the Performance page of the docs.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,40 +34,22 @@ from specframe.errors import ConfigError
 from specframe.models.base import ModelBackend
 from specframe.paths import cache_dir
 
-#: Row counts a calibration times (clipped to what the model's context allows): the counts the narrow
-#: candidates use (Packed-SS at W has 2 (W + 1) rows in the bundled family, Quadratic-SS at W = 1 six), so
-#: that their costs are measured, not interpolated between 8 and 16, then a few wider ones.
+#: Row counts a calibration times (clipped to the model's context): every count narrow candidates use, then
+#: a few wider ones.
 ROW_COUNTS = (1, 2, 4, 6, 8, 10, 12, 14, 16, 18, 24, 32, 64)
 #: Cached prefix the calibration's rows attend to (the table's context).
 CONTEXT = 64
-#: The longer cached prefix the same row counts are also timed against, to measure the context term gamma
-#: (a typical request's prompt plus a few hundred generated tokens).
+#: The longer cached prefix the same row counts are also timed against (the context term).
 LONG_CONTEXT = 320
-#: Which quantile of each (context, rows) pair's timings the tables keep: the fastest. The median of a
-#: calibration taken while other processes run is inflated by their bursts, and unevenly (short calls lose
-#: relatively more to a descheduling than long ones), which flattens the table and favours wide drafts; so
-#: does a lower quartile, less, with the ten or so rounds that time every narrow row count (a table of
-#: quartiles taken at load 1 put a 10-row call at 1.59x a 1-row call; the fastest of 8 at load 3.6 said
-#: 1.66-1.80x, and the bench measured 1.77x). The fastest timings describe the machine, the decoder's
-#: observed load scales them, and the staleness check (:func:`shape_drift`) compares fastest with fastest.
-QUANTILE = 0.0
-#: A calibration's warm-up (one call of every timed pair) longer than this many seconds is not counted in its
-#: time budget: on the compiled path the first call compiles the graph (tens of seconds on a small CPU), and
-#: counting it left time for a single round, one sample per row count.
+#: A warm-up (one call of every timed pair) longer than this is not counted in the time budget (a compile).
 WARMUP_S = 1.0
 #: Bump when the calibration procedure changes, so that old cache files are not reused.
 VERSION = 3
-#: A cached cost model is measured again when a quick check (:func:`shape_drift`) finds the cost of a call
-#: of :data:`CHECK_ROWS` rows relative to a 1-row call off from the table's by more than this factor either
-#: way: a uniform change (other processes, a slower clock) is the observed load's to absorb, but one that
-#: changes the table's shape changes which width is best. Only gross drift is caught: at load 4 on the
-#: 2-core CPU machine, checks right after a calibration read 1.07-1.20x its ratio (and one 2.05x), so a
-#: tighter bound would measure again in every process; a table ruined by a burst during its calibration
-#: (a 2-row call timed at 2.3x a 1-row call) is caught.
+#: A cached table is measured again when a 10-row call over a 1-row call is off from the table's ratio by
+#: more than this factor either way, twice (a uniform slowdown is the observed load's to absorb).
 STALE_SHAPE = 1.25
-#: The wider call of the staleness check (a Packed-SS call at W = 4 in the bundled family).
+#: The wider call of the staleness check, and its interleaved rounds.
 CHECK_ROWS = 10
-#: Interleaved rounds of the staleness check (each one call of 1 row and one of CHECK_ROWS rows).
 CHECK_ROUNDS = 8
 
 
@@ -84,18 +60,15 @@ class CostModel:
     Attributes:
         tau: Fitted fixed model seconds per call.
         delta: Fitted model seconds per row.
-        table: ``(rows, seconds)`` (the fastest of each) measured by the calibration, by increasing rows (may
-            be empty: then ``tau + delta * rows`` is used everywhere).
-        host_s: Decoder seconds per call outside the model (planning, layout, acceptance).
-        context: Cached positions ``table`` (and tau, delta) were measured with.
-        long_table: ``(rows, seconds)`` over ``long_context`` cached positions (may be empty: then the
-            cost does not depend on the context).
+        table: ``(rows, seconds)`` measured by the calibration, by increasing rows (empty: the fit everywhere).
+        host_s: Decoder seconds per call outside the model (planning, layout, acceptance), where given.
+        context: Cached positions ``table`` was measured with.
+        long_table: ``(rows, seconds)`` over ``long_context`` cached positions (empty: no context term).
         long_context: Cached positions ``long_table`` was measured with.
         key: What the model was calibrated for (model identity, device, dtype, threads, ...).
         calibration_s: How long the calibration took (0 for a synthetic or reused model).
-        source: ``"calibrated"``, ``"cache"`` or ``"given"``.
-        host_row_s: Decoder seconds per call per row, on top of ``host_s`` (a wide call lays out, reads and
-            checks more than a plain AR call).
+        source: ``"calibrated"``, ``"cache"``, ``"nominal"`` or ``"given"``.
+        host_row_s: Decoder seconds per call per row, on top of ``host_s``.
     """
 
     tau: float
@@ -110,21 +83,22 @@ class CostModel:
     source: str = "given"
     host_row_s: float = 0.0
 
-    def seconds(self, rows: int, context: int | None = None) -> float:
-        """Predicted seconds of one call of ``rows`` new rows, the decoder's own work included.
+    def seconds(self, rows: int, context: int | None = None, batch_rows: int | None = None) -> float:
+        """Predicted seconds of ``rows`` new rows of one request, the decoder's own work included.
 
         Args:
-            rows: New rows the call evaluates.
+            rows: The request's new rows.
             context: Cached positions the rows attend to (``None``: the calibration's own context).
+            batch_rows: Rows of other requests in the same forward (``None`` or 0: decoding alone). Their
+                forward is paid anyway, so the rows cost the marginal ``t(B + R) - t(B)``.
         """
-        return self.model_seconds(rows, context) + self.host_s + self.host_row_s * rows
+        model = self.model_seconds(rows, context)
+        if batch_rows:
+            model = self.model_seconds(batch_rows + rows, context) - self.model_seconds(batch_rows, context)
+        return max(model, 1e-9) + self.host_s + self.host_row_s * rows
 
     def model_seconds(self, rows: int, context: int | None = None) -> float:
-        """Predicted model seconds of a forward of ``rows`` new rows over ``context`` cached positions.
-
-        Linear in the context through the two tables' values at ``rows`` (extrapolated beyond them, never
-        below the short context's value).
-        """
+        """Predicted model seconds of a forward of ``rows`` new rows over ``context`` cached positions."""
         short = _interpolate(self.table, rows, self.tau, self.delta)
         if context is None or not self.long_table or self.long_context <= self.context:
             return short
@@ -147,12 +121,12 @@ class CostModel:
         Raises:
             ConfigError: If ``tau`` or ``delta`` is missing or not a finite number >= 0, or a key is unknown.
         """
-        known = {"tau", "delta", "table", "host_s", "context", "long_table", "long_context", "key"}
-        known |= {"calibration_s", "source", "host_row_s"}
+        known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(data) - known)
         if unknown:
-            valid = ", ".join(sorted(known))
-            raise ConfigError(f"cost model: unknown key(s) {', '.join(unknown)}; valid keys: {valid}")
+            raise ConfigError(
+                f"cost model: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(known))}"
+            )
         values = dict(data)
         for name in ("tau", "delta", "host_s", "host_row_s", "context", "long_context"):
             value = values.get(name, 0.0)
@@ -162,8 +136,8 @@ class CostModel:
                 raise ConfigError(f"cost model {name} must be a number >= 0 and finite (seconds), got {value!r}")
         if values["tau"] + values["delta"] <= 0:
             raise ConfigError("cost model: tau + delta must be positive (a call cannot be free)")
-        values["table"] = tuple((int(r), float(s)) for r, s in values.get("table", ()))
-        values["long_table"] = tuple((int(r), float(s)) for r, s in values.get("long_table", ()))
+        for name in ("table", "long_table"):
+            values[name] = tuple((int(r), float(s)) for r, s in values.get(name, ()))
         values["context"] = int(values.get("context", 0))
         values["long_context"] = int(values.get("long_context", 0))
         values.setdefault("source", "given")
@@ -186,17 +160,21 @@ class CostModel:
                 + (f"  {1e3 * longs[r]:8.3f}" if r in longs else "")
                 for r, s in self.table
             ]
-        for name, value in self.key.items():
-            lines.append(f"{name}: {value}")
+        lines += [f"{name}: {value}" for name, value in self.key.items()]
         return "\n".join(lines)
+
+
+#: The cost model the choice uses where the widths change the output and no ``cost`` is given: fixed numbers,
+#: not this machine's timings, so the same request gives the same output on every machine. A call of R rows
+#: costs ``1 + R / 32`` units (a 32-row call costs two 1-row calls); only ratios matter to the choice.
+NOMINAL_COST = CostModel(tau=1.0, delta=1 / 32, source="nominal")
 
 
 def fit(table: Sequence[tuple[int, float]]) -> tuple[float, float]:
     """Least-squares ``tau, delta`` (both clipped at 0) of ``seconds = tau + delta * rows``."""
     if len(table) == 1:
         return table[0][1], 0.0
-    xs = [float(r) for r, _ in table]
-    ys = [s for _, s in table]
+    xs, ys = [float(r) for r, _ in table], [s for _, s in table]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
     var = sum((x - mx) ** 2 for x in xs)
     delta = max(sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var, 0.0) if var else 0.0
@@ -205,16 +183,13 @@ def fit(table: Sequence[tuple[int, float]]) -> tuple[float, float]:
 
 def model_key(model: ModelBackend) -> dict[str, Any]:
     """What a cost model depends on: the model's identity, device, dtype, threads, compilation, torch."""
-    described = model.describe()
     network = getattr(model, "network", None)
     parameters = list(network.parameters()) if isinstance(network, torch.nn.Module) else []
-    count = sum(p.numel() for p in parameters)
-    sample = float(parameters[0].detach().flatten()[:64].double().sum()) if parameters else 0.0
     return {
-        "model": described.get("name", model.name),
+        "model": model.describe().get("name", model.name),
         "family": model.family,
-        "parameters": count,
-        "weights_sample": round(sample, 9),
+        "parameters": sum(p.numel() for p in parameters),
+        "weights_sample": round(float(parameters[0].detach().flatten()[:64].double().sum()), 9) if parameters else 0.0,
         "device": str(model.device),
         "dtype": str(model.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
@@ -232,22 +207,21 @@ def cache_path(key: Mapping[str, Any]) -> Path:
 
 def load_cached(key: Mapping[str, Any]) -> CostModel | None:
     """The cached cost model for ``key``, or ``None`` (also for an unreadable or mismatching file)."""
-    path = cache_path(key)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        model = CostModel.from_mapping(data)
+        model = CostModel.from_mapping(json.loads(cache_path(key).read_text(encoding="utf-8")))
     except (OSError, ValueError, ConfigError, TypeError):
         return None
-    if dict(model.key) != dict(key):
-        return None
-    return replace(model, calibration_s=0.0, source="cache")
+    return replace(model, calibration_s=0.0, source="cache") if dict(model.key) == dict(key) else None
+
+
+#: Cache folders :func:`save` could not write to (each is warned about once per process).
+_UNWRITABLE: set[Path] = set()
 
 
 def save(cost: CostModel) -> Path | None:
     """Write ``cost`` to its cache file; returns the path, or ``None`` if the cache is not writable.
 
-    An unwritable cache is no error (the cost model in hand still serves this process), but it is told once
-    per process and folder with a :class:`UserWarning`: without a cache every process calibrates again.
+    An unwritable cache is no error, but it is told once per process and folder with a ``UserWarning``.
     """
     path = cache_path(cost.key)
     try:
@@ -268,8 +242,28 @@ def save(cost: CostModel) -> Path | None:
     return path
 
 
-#: Cache folders :func:`save` could not write to (each is warned about once per process).
-_UNWRITABLE: set[Path] = set()
+def _forward(model: ModelBackend, cache: Any, ids: torch.Tensor, start: int, output: torch.Tensor) -> None:
+    """One causal forward of ``ids`` at positions ``start...`` (the one place this module calls the model)."""
+    rows = ids.shape[0]
+    positions = torch.arange(start, start + rows, device=model.device)
+    model.forward(cache, ids, positions, torch.ones(rows, rows, dtype=torch.bool, device=model.device).tril(), output)
+
+
+def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) -> Any:
+    """A cache holding ``context`` committed positions of ``ids``, with room for ``room`` more rows."""
+    cache = model.new_cache(context + room + 1)
+    _forward(model, cache, ids, 0, torch.tensor([context - 1], device=model.device))
+    cache.commit(list(range(context)), list(range(context)))
+    return cache
+
+
+def _timed(model: ModelBackend, cache: Any, ids: torch.Tensor, start: int) -> float:
+    output = torch.arange(ids.shape[0], device=model.device)
+    _sync(model)
+    began = time.perf_counter()
+    _forward(model, cache, ids, start, output)
+    _sync(model)
+    return time.perf_counter() - began
 
 
 def calibrate(
@@ -278,7 +272,6 @@ def calibrate(
     budget_s: float = 1.8,
     limit_s: float = 2.2,
     rows: Sequence[int] = ROW_COUNTS,
-    host_s: Callable[[], float | tuple[float, float]] | None = None,
     min_rounds: int = 3,
     max_rounds: int = 25,
 ) -> CostModel:
@@ -286,13 +279,9 @@ def calibrate(
 
     Args:
         model: The model to time.
-        budget_s: Seconds to aim for, warm-up included: rounds continue until then or ``max_rounds``. A
-            warm-up slower than :data:`WARMUP_S` (the compiled path compiles its graph in it) is not counted:
-            the budgets then start after it, so that a compiled model gets as many rounds as an eager one.
+        budget_s: Seconds to aim for, warm-up included unless it is slower than :data:`WARMUP_S`.
         limit_s: Seconds after which no new round starts even below ``min_rounds`` (one round always runs).
         rows: Row counts to time.
-        host_s: Measures the decoder's seconds per call outside the model (called once, timed separately):
-            a number, or ``(seconds per call, seconds per row)``.
         min_rounds: Rounds to run even past the budget.
         max_rounds: Rounds to stop at within the budget.
     """
@@ -301,40 +290,21 @@ def calibrate(
     counts = sorted({r for r in rows if context + r <= model.max_positions + 1})
     if not counts:
         raise ConfigError(f"model {model.name!r} has too small a context ({model.max_positions + 1}) to calibrate")
-    # The long prefix, where the model's context leaves room for it (else gamma is not measured: 0).
     long_context = min(LONG_CONTEXT, model.max_positions + 1 - max(counts))
     contexts = (context, long_context) if long_context >= 2 * context else (context,)
     generator = torch.Generator().manual_seed(0)
     ordinary = [t for t in range(model.vocab_size) if t != model.mask_token_id] or [0]
 
     def tokens(n: int) -> torch.Tensor:
-        picks = torch.randint(len(ordinary), (n,), generator=generator)
-        return torch.tensor([ordinary[i] for i in picks.tolist()], dtype=torch.long, device=model.device)
+        picks = torch.randint(len(ordinary), (n,), generator=generator).tolist()
+        return torch.tensor([ordinary[i] for i in picks], dtype=torch.long, device=model.device)
 
     with torch.inference_mode():
         caches = {c: _prefilled(model, c, tokens(c), max(counts)) for c in contexts}
-        inputs = {
-            (c, r): (
-                tokens(r),
-                torch.arange(c, c + r, device=model.device),
-                torch.ones(r, r, dtype=torch.bool, device=model.device).tril(),
-                torch.arange(r, device=model.device),
-            )
-            for c in contexts
-            for r in counts
-        }
-
-        def timed(pair: tuple[int, int]) -> float:
-            ids, pos, attention, output = inputs[pair]
-            _sync(model)
-            start = time.perf_counter()
-            model.forward(caches[pair[0]], ids, pos, attention, output)
-            _sync(model)
-            return time.perf_counter() - start
-
+        inputs = {(c, r): tokens(r) for c in contexts for r in counts}
         order = list(inputs)
-        for pair in order:  # warm-up: first calls allocate and pick kernels (and compile, on the compiled path)
-            timed(pair)
+        for c, r in order:  # warm-up: first calls allocate and pick kernels (and compile, on the compiled path)
+            _timed(model, caches[c], inputs[c, r], c)
         warmup_s = time.perf_counter() - started
         budget_started = started + warmup_s if warmup_s > WARMUP_S else started
         samples: dict[tuple[int, int], list[float]] = {pair: [] for pair in order}
@@ -344,23 +314,18 @@ def calibrate(
             if round_index and (elapsed > limit_s or (round_index >= min_rounds and elapsed > budget_s)):
                 break
             shuffle.shuffle(order)
-            for pair in order:
-                samples[pair].append(timed(pair))
-    fastest = {pair: _quantile(values, QUANTILE) for pair, values in samples.items()}
-    table = tuple(_monotone([(r, fastest[context, r]) for r in counts]))
+            for c, r in order:
+                samples[c, r].append(_timed(model, caches[c], inputs[c, r], c))
+    table = tuple(_monotone([(r, min(samples[context, r])) for r in counts]))
     tau, delta = fit(table)
     long_table: tuple[tuple[int, float], ...] = ()
     if len(contexts) == 2:  # a longer prefix never makes a call cheaper (a dip is noise)
-        longer = _monotone([(r, fastest[long_context, r]) for r, _ in table])
+        longer = _monotone([(r, min(samples[long_context, r])) for r in counts])
         long_table = tuple((r, max(long, short)) for (r, long), (_, short) in zip(longer, table, strict=True))
-    host = host_s() if host_s is not None else 0.0
-    host, host_row = host if isinstance(host, tuple) else (host, 0.0)
     return CostModel(
         tau,
         delta,
         table,
-        host_s=host,
-        host_row_s=host_row,
         context=context,
         long_table=long_table,
         long_context=long_context if long_table else 0,
@@ -370,61 +335,41 @@ def calibrate(
     )
 
 
-def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) -> Any:
-    """A cache holding ``context`` committed positions of ``ids``, with room for ``room`` more rows."""
-    cache = model.new_cache(context + room + 1)
-    causal = torch.ones(context, context, dtype=torch.bool, device=model.device).tril()
-    positions = torch.arange(context, device=model.device)
-    model.forward(cache, ids, positions, causal, positions[-1:])
-    cache.commit(list(range(context)), list(range(context)))
-    return cache
+#: Cache files this process has checked for staleness or calibrated (each is checked once per process).
+_CHECKED: set[str] = set()
 
 
-def cost_model_for(
-    model: ModelBackend,
-    *,
-    refresh: bool = False,
-    host_s: Callable[[], float | tuple[float, float]] | None = None,
-    announce: bool = True,
-) -> CostModel:
+def cost_model_for(model: ModelBackend, *, refresh: bool = False, announce: bool = True) -> CostModel:
     """The cached cost model of ``model``, calibrating (and caching) it first if there is none or it is stale.
 
     A cached model is stale when :func:`shape_drift` finds its table's shape off by more than
-    :data:`STALE_SHAPE` (a check of a few tens of milliseconds, once per process and cache file). Unless
-    ``announce`` is False, a calibration is announced with one line on stderr (:func:`announce_calibration`):
-    the first run on a machine would otherwise pause for seconds without a word.
+    :data:`STALE_SHAPE` (checked once per process and cache file). Unless ``announce`` is False, a
+    calibration is announced with one line on stderr.
     """
     key = model_key(model)
     digest = cache_path(key).name
+    reason = "asked to measure again"
     if not refresh:
         cached = load_cached(key)
+        reason = "not measured on this machine yet"
         if cached is not None:
-            if digest in _CHECKED:  # checked (or measured) once by this process already
+            if digest in _CHECKED:
                 return cached
             _CHECKED.add(digest)
             drift = shape_drift(model, cached)
             if drift is None or 1 / STALE_SHAPE <= drift <= STALE_SHAPE:
                 return cached
             reason = "its cached measurement no longer fits this machine"
-        else:
-            reason = "not measured on this machine yet"
-    else:
-        reason = "asked to measure again"
     if announce:
         announce_calibration(model, reason)
-    cost = calibrate(model, host_s=host_s)
+    cost = calibrate(model)
     save(cost)
     _CHECKED.add(digest)
     return cost
 
 
 def announce_calibration(model: ModelBackend, reason: str) -> None:
-    """Say on stderr, in one line, that a calibration starts: what, why, how long, where it is cached.
-
-    Args:
-        model: The model being calibrated.
-        reason: Why (no cached cost model, a stale one, a refresh).
-    """
+    """Say on stderr, in one line, that a calibration starts: what, why, how long, where it is cached."""
     print(
         f"specframe: measuring what a model call of {model.name or type(model).__name__!r} costs on this machine "
         f'({reason}), which width/schedule "auto" chooses by; this takes a few seconds, once: the result is '
@@ -434,26 +379,18 @@ def announce_calibration(model: ModelBackend, reason: str) -> None:
     )
 
 
-#: Cache files this process has checked for staleness or calibrated (each is checked once per process).
-_CHECKED: set[str] = set()
-
-
 def shape_drift(model: ModelBackend, cost: CostModel) -> float | None:
-    """How far the cost of a wide call relative to a 1-row call now is from ``cost``'s table (1.0: as cached).
+    """How far a wide call over a 1-row call now is from ``cost``'s table (1.0: as cached), or ``None``.
 
-    Times :data:`CHECK_ROUNDS` interleaved pairs of forwards, 1 row and the table's largest row count up to
-    :data:`CHECK_ROWS`, against the table's context, and compares the ratio of their fastest with the
-    table's; a ratio outside :data:`STALE_SHAPE` is measured once more, and the one nearer 1 is returned (one
-    check that a burst of load distorted does not throw a good table away). ``None`` when the table cannot
-    be checked (no 1-row entry or no wider one up to CHECK_ROWS, no context).
+    A ratio outside :data:`STALE_SHAPE` is measured once more and the one nearer 1 returned (one check that
+    a burst of load distorted does not throw a good table away). ``None``: the table cannot be checked.
     """
     rows = [r for r, _ in cost.table if 1 < r <= CHECK_ROWS]
     if not cost.table or cost.table[0][0] != 1 or not rows or cost.context < 1:
         return None
     if cost.context + rows[-1] > model.max_positions + 1:
         return None
-    table = dict(cost.table)
-    expected = table[rows[-1]] / table[1]
+    expected = dict(cost.table)[rows[-1]] / cost.table[0][1]
     drift = measure_ratio(model, cost.context, rows[-1], CHECK_ROUNDS) / expected
     if not 1 / STALE_SHAPE <= drift <= STALE_SHAPE:
         again = measure_ratio(model, cost.context, rows[-1], CHECK_ROUNDS) / expected
@@ -462,41 +399,19 @@ def shape_drift(model: ModelBackend, cost: CostModel) -> float | None:
 
 
 def measure_ratio(model: ModelBackend, context: int, rows: int, rounds: int) -> float:
-    """The fastest forward of ``rows`` new rows over the fastest of 1 row, over ``context`` cached positions.
-
-    The fastest, as the calibration keeps: timings cannot be faster than the machine, so a burst of load
-    that falls on one of the two row counts moves the ratio little.
-    """
+    """The fastest forward of ``rows`` new rows over the fastest of 1 row, over ``context`` cached positions."""
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(model.vocab_size, (context + rows,), generator=generator)
     ids = ids.masked_fill(ids == model.mask_token_id, 0).to(model.device)
     samples: dict[int, list[float]] = {1: [], rows: []}
     with torch.inference_mode():
         cache = _prefilled(model, context, ids[:context], rows)
-        inputs = {
-            r: (
-                ids[context : context + r],
-                torch.arange(context, context + r, device=model.device),
-                torch.ones(r, r, dtype=torch.bool, device=model.device).tril(),
-                torch.arange(r, device=model.device),
-            )
-            for r in samples
-        }
         for round_index in range(rounds + 1):  # the first round warms up
             for r in samples if round_index % 2 else reversed(list(samples)):
-                _sync(model)
-                start = time.perf_counter()
-                model.forward(cache, *inputs[r])
-                _sync(model)
+                seconds = _timed(model, cache, ids[context : context + r], context)
                 if round_index:
-                    samples[r].append(time.perf_counter() - start)
+                    samples[r].append(seconds)
     return min(samples[rows]) / min(samples[1])
-
-
-def _quantile(values: Sequence[float], share: float) -> float:
-    """The ``share`` quantile of ``values`` (nearest rank from below: the minimum of up to 4 values at 0.25)."""
-    ordered = sorted(values)
-    return ordered[int(share * (len(ordered) - 1))]
 
 
 def _interpolate(table: Sequence[tuple[int, float]], rows: int, tau: float, delta: float) -> float:
@@ -508,17 +423,11 @@ def _interpolate(table: Sequence[tuple[int, float]], rows: int, tau: float, delt
     for (r0, s0), (r1, s1) in zip(table, table[1:], strict=False):
         if rows <= r1:
             return s0 + (s1 - s0) * (rows - r0) / (r1 - r0)
-    last_rows, last_s = table[-1]
-    return last_s + delta * (rows - last_rows)
+    return table[-1][1] + delta * (rows - table[-1][0])
 
 
 def _monotone(table: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """Timings made non-decreasing in rows by pooling adjacent violators (more rows never cost less).
-
-    A dip or a spike is timing noise: pooling averages it with its neighbours, where carrying the highest
-    value so far forward let one slow sample of a narrow count raise every wider count (a loaded calibration
-    put rows 6 to 12 all at the 6-row sample's time).
-    """
+    """Timings made non-decreasing in rows by pooling adjacent violators (a dip or spike is noise)."""
     blocks: list[list] = []  # [sum of seconds, count, rows]
     for rows, seconds in table:
         blocks.append([seconds, 1, [rows]])

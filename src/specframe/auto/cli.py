@@ -28,20 +28,13 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Load the model, get its cost model (calibrating if needed or asked) and print it."""
-    from specframe.choice.setup import decoder_overhead
+    from specframe.auto.costs import cache_path, cost_model_for
     from specframe.config import compose
-    from specframe.costs import cache_path, cost_model_for
 
-    # An AR decoder composes the model's pieces without needing a cost model itself.
+    # An AR decoder loads the model as generate would (threads, compilation) without needing a cost model.
     loading = {"model": args.model, "device": args.device, "dtype": args.dtype, "revision": args.revision}
-    decoder = compose({**loading, "threads": args.threads, "compile": args.compile, "schedule": "ar"})
-    model = decoder.model
-    cost = cost_model_for(
-        model,
-        refresh=args.refresh,
-        host_s=lambda: decoder_overhead(model, decoder.builder, decoder.order, decoder.rule),
-        announce=False,  # asked for: what it measured is printed next
-    )
+    model = compose({**loading, "threads": args.threads, "compile": args.compile, "schedule": "ar"}).model
+    cost = cost_model_for(model, refresh=args.refresh, announce=False)  # asked for: printed next
     if args.json:
         print(json.dumps({**cost.to_dict(), "cache_file": str(cache_path(cost.key))}))
     else:

@@ -1,0 +1,284 @@
+"""The width chooser's policy: which candidate (schedule, width) plans the next call. No clocks, no model.
+
+:class:`WidthPolicy` is fed numbers only: ``choose(context)`` before a call, ``observe_call`` with the call's
+rows and seconds (the decoder times every forward) and ``observe_verification`` with what its verification
+accepted. It estimates every candidate's tokens per second from acceptance statistics
+(:mod:`specframe.auto.stats`), the steady-state chains (:mod:`specframe.auto.rates`) and the cost model
+(:mod:`specframe.auto.costs`), and keeps the best, with hysteresis, pessimism towards drafting and probes.
+
+Batching (the concurrency-aware choice): when the call was a forward shared with other requests
+(``batch_rows`` given), a candidate's rows are costed as what they add to the other requests' rows,
+``t(B + R) - t(B)``, so that wide drafts give way to narrow ones and plain AR calls as the batch fills up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from specframe.auto.costs import CostModel
+from specframe.auto.rates import AR, Candidate, Rates, best, steady_state
+from specframe.auto.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTokens
+
+#: Calls between two re-estimations of plain AR calls and the widths next to the current pick.
+REFRESH_CALLS = 16
+#: Calls between two re-estimations of every candidate.
+FULL_SCAN_CALLS = 64
+#: How far from the pick's width a re-estimation between full scans looks (a plain AR call counts as width 1).
+NEIGHBOURHOOD = 1
+#: Plain AR calls in a row after which a drafting call probes whether drafting pays again.
+PROBE_AFTER = 16
+#: Each probe after which AR calls still win doubles the wait before the next one, up to this many calls.
+PROBE_AFTER_MAX = 128
+#: Calls a probe (or a trial of a plausible candidate) lasts: the drafting call and the one verifying it.
+PROBE_CALLS = 2
+#: A candidate whose estimate is within this share of the pick's, timed fewer than TIMED calls or with its
+#: farthest offset checked fewer than EXPLORED times, is tried: its estimate rests on a guess.
+PLAUSIBLE = 0.85
+TIMED = LEARN_CALLS
+EXPLORED = 4
+#: Hysteresis: the pick is replaced only by a candidate that beats it by more than this share.
+SWITCH_MARGIN = 0.03
+#: Switches are judged with the acceptance this many standard deviations below its estimate.
+CONFIDENCE_Z = 0.5
+#: Chains whose predicted tokens per call are corrected by what their calls added (CallTokens).
+SCALED_KINDS = frozenset({"packed", "kbranch", "quadratic"})
+#: Positions the context may move before a pick that nothing else moved is re-estimated.
+CONTEXT_STEP = 64
+#: The draft offsets whose checks decide a candidate's estimate, by chain (see ``_unexplored``).
+FARTHEST = {"packed": ("prefix",), "linear": ("prefix",), "quadratic": ("branch",), "kbranch": ("prefix", "branch")}
+
+
+class WidthPolicy:
+    """Chooses among ``candidates`` by expected tokens per second.
+
+    Args:
+        candidates: What a call can be planned with (``AR`` for a plain AR call).
+        rows: ``rows(candidate, kappa)``: the rows of a steady-state call of ``candidate`` verifying ``kappa``
+            drafts (the model family's layout).
+        size: Largest draft offset tracked.
+        free_bonus: Whether the family scores one extra position after a fully drafted window.
+        k: Draft groups of ``kbranch`` candidates.
+    """
+
+    def __init__(
+        self, candidates: Sequence[Candidate], rows: Callable[[Candidate, int], int], *, size: int,
+        free_bonus: bool, k: int = 2,
+    ) -> None:  # fmt: skip
+        self.candidates = list(dict.fromkeys(candidates))
+        self.drafting = [c for c in self.candidates if c.kind != "ar"]
+        self.rows, self.size, self.free_bonus, self.k = rows, size, free_bonus, k
+        self.cost: CostModel | None = None
+        self.times: CallTimes | None = None
+        self.deterministic = False
+        self.reset()
+
+    def bind(self, cost: CostModel, *, deterministic: bool) -> None:
+        """Choose by ``cost``; a measured one is corrected by observed call times.
+
+        ``deterministic``: nothing is timed, batches are ignored, every request starts from nothing learned.
+        """
+        self.cost, self.deterministic = cost, deterministic
+        self.times = None if deterministic or cost.source in ("given", "nominal") else CallTimes()
+
+    def reset(self) -> None:
+        """Forget everything learned."""
+        self.stats = AcceptanceStats(self.size)
+        self.tokens = CallTokens()
+        #: The latest throughput estimate (tokens per second) of each candidate, by label.
+        self.rates: dict[str, float] = {}
+        self.chosen: Candidate | None = None
+        self.current: Candidate | None = None
+        self.batch_rows: int | None = None  # other requests' rows in the last shared forward
+        self._probe, self._probe_left, self._probe_after, self._judge_probe = AR, 0, PROBE_AFTER, False
+        self._ar_streak = 0
+        self._learned = 0  # verifications that checked a draft
+        self._estimated = (-1, -1, 0, 0)  # (learned, timing revision, batch, context) at the last estimate
+        self._estimates = 0
+        self._untried: tuple[int, Candidate] | None = None  # (estimates, pick) when no trial was worth it
+        self._predicted_tokens: dict[str, float] = {}
+        self._expect: float | None = None
+        self._last_label: str | None = None
+        self._since_refresh, self._since_scan = REFRESH_CALLS, FULL_SCAN_CALLS
+
+    def start_request(self) -> None:
+        """A new request: the last pick carries over, re-estimated against its neighbours at the first call."""
+        if self.deterministic:
+            self.reset()
+        self.stats.start_request()
+        self.current, self._last_label, self._probe_left, self._judge_probe = None, None, 0, False
+        self._since_refresh = REFRESH_CALLS
+        self._since_scan = 0 if self.chosen is not None else FULL_SCAN_CALLS
+
+    # -- what happened ---------------------------------------------------------------------------------
+    def observe_call(self, rows: int, seconds: float, context: int, batch_rows: int | None = None) -> None:
+        """A steady-state call of the current pick took ``seconds`` of forward time for ``rows`` rows.
+
+        ``batch_rows``: the rows of the whole forward when it was shared with other requests (``None``: alone).
+        """
+        if self.deterministic or self.cost is None:
+            return
+        shared = batch_rows is not None and batch_rows > rows
+        self.batch_rows = batch_rows - rows if shared else None
+        if self.times is not None and self.current is not None:
+            label = None if shared else self.current.label  # a shared forward tells the load only
+            self.times.observe(label, self.cost.model_seconds(batch_rows if shared else rows, context), seconds)
+
+    def observe_verification(self, chain: Sequence[tuple[str, int]], accepted: int, added: int) -> None:
+        """The call verified drafts at these ``(source, offset)``: ``accepted`` held, ``added`` tokens in all.
+
+        ``chain`` is empty for a call that checked no draft.
+        """
+        if chain:
+            self.stats.observe(chain, min(accepted, len(chain)))
+            self._learned += 1
+        if self._expect is not None:
+            self.tokens.observe(self.current.label, self._expect, added)
+        self._since_refresh += 1
+        self._since_scan += 1
+
+    # -- choosing --------------------------------------------------------------------------------------
+    def choose(self, context: int) -> Candidate:
+        """The candidate for the next call, ``context`` positions into the request."""
+        if self._probe_left:
+            self._probe_left -= 1
+            if not self._probe_left:
+                self._since_refresh = REFRESH_CALLS  # re-estimate with what the probe found
+            pick = self._probe
+        else:
+            pick = self._pick(context)
+        repeated = pick.label == self._last_label and pick.kind in SCALED_KINDS
+        self._expect = self._predicted_tokens.get(pick.label) if repeated else None
+        self._last_label = pick.label
+        self.current = pick
+        return pick
+
+    def _pick(self, context: int) -> Candidate:
+        refreshed = self._since_refresh >= REFRESH_CALLS or self.chosen is None
+        chosen = self._estimate(context)
+        if self._judge_probe:  # the estimate right after a probe of drafting from AR calls
+            self._judge_probe = False
+            failed = chosen.kind == "ar"
+            self._probe_after = min(2 * self._probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
+        if refreshed and (self._estimates, chosen) != self._untried:
+            trial = self._worth_trying(chosen)
+            if trial is not None:
+                return self._start_probe(trial)
+            if self.times is None or self.times.count(chosen.label):
+                self._untried = (self._estimates, chosen)
+        if chosen.kind != "ar":
+            self._ar_streak = 0
+            return chosen
+        self._ar_streak += 1
+        if self._ar_streak < self._probe_after or not self.drafting:
+            return chosen
+        self._ar_streak, self._judge_probe = 0, True
+        # Probe conservatively: the narrowest drafting candidate of the best-rated schedule.
+        top = max(self.drafting, key=lambda c: self.rates.get(c.label, 0.0))
+        return self._start_probe(min((c for c in self.drafting if c.kind == top.kind), key=lambda c: c.width))
+
+    def _start_probe(self, candidate: Candidate) -> Candidate:
+        self._probe, self._probe_left = candidate, PROBE_CALLS - 1
+        return candidate
+
+    def _worth_trying(self, chosen: Candidate) -> Candidate | None:
+        """The most promising candidate near the pick whose estimate is plausible and rests on a guess."""
+        times = self.times
+        if times is not None and not times.count(chosen.label):
+            return None  # time the pick itself first
+        floor = PLAUSIBLE * self.rates.get(chosen.label, 0.0)
+        near = [
+            c
+            for c in self.candidates
+            if c != chosen
+            and _near(c, chosen)
+            and self.rates.get(c.label, 0.0) >= floor
+            and ((times is not None and times.count(c.label) < TIMED) or self._unexplored(c))
+        ]
+        return max(near, key=lambda c: self.rates[c.label]) if near else None
+
+    def _unexplored(self, c: Candidate) -> bool:
+        """Whether ``c``'s farthest draft offset was checked fewer than EXPLORED times."""
+        return any(self.stats.checked(s, c.width + (s == "branch")) < EXPLORED for s in FARTHEST.get(c.kind, ()))
+
+    def _estimate(self, context: int) -> Candidate:
+        """The best candidate: re-estimated every REFRESH_CALLS calls (near the pick), all every FULL_SCAN_CALLS."""
+        if self.chosen is not None and self._since_refresh < REFRESH_CALLS:
+            return self.chosen
+        revision = self.times.revision if self.times is not None else 0
+        batch = self.batch_rows.bit_length() if self.batch_rows else 0  # other requests' rows, by powers of 2
+        if self.chosen is not None and (self._learned, revision, batch) == self._estimated[:3]:
+            # Nothing learned and the batch about as wide since the last estimate; only the context moved.
+            if self._since_scan < FULL_SCAN_CALLS or abs(context - self._estimated[3]) < CONTEXT_STEP:
+                self._since_refresh = 0
+                return self.chosen
+        self._estimated = (self._learned, revision, batch, context)
+        self._estimates += 1
+        candidates = self.candidates
+        if self.chosen is not None and self._since_scan < FULL_SCAN_CALLS:
+            candidates = [c for c in candidates if _near(c, self.chosen)]
+        else:
+            self._since_scan = 0
+        q = self.stats.rates()
+        known: dict[int, float] = {}  # a scan asks for the same few row counts many times
+
+        def seconds(rows: int) -> float:
+            if rows not in known:
+                known[rows] = self.cost.seconds(rows, context, self.batch_rows)
+            return known[rows]
+
+        chosen, rates = best(
+            candidates, q, seconds, self.rows, free_bonus=self.free_bonus, k=self.k,
+            correct=self.times.correct if self.times is not None else None, scale=self._scale,
+        )  # fmt: skip
+        low = self._pessimist(q, seconds)
+        current = self.chosen
+        if current is not None and chosen != current and current.label in rates:
+            if self._switch_gain(current, chosen, low) <= 1 + SWITCH_MARGIN:
+                chosen = current
+        # Drafting must not be pessimistically worse than plain AR calls once a draft was verified (before,
+        # the estimate is the prior's, and drafting is how it learns).
+        if chosen.kind != "ar" and "ar" in rates and self._learned:
+            if self._switch_gain(chosen, AR, low) > 1 + SWITCH_MARGIN:
+                chosen = AR
+        self.chosen = chosen
+        self.rates.update(rates)
+        self._since_refresh = 0
+        return chosen
+
+    def _switch_gain(self, current: Candidate, chosen: Candidate, low: Callable) -> float:
+        """How many times the current pick's pessimistic rate switching to ``chosen`` gives.
+
+        A switch from AR calls to drafting pays for one call that verifies nothing: over the REFRESH_CALLS calls
+        until the next estimate it adds 1 token instead of ``T``: credited ``1 - (T - 1) / (REFRESH_CALLS T)``.
+        """
+        tokens, rate = low(chosen)
+        gain = rate / low(current)[1]
+        if current.kind == "ar" and chosen.kind != "ar":
+            gain *= 1 - (tokens - 1) / (REFRESH_CALLS * tokens)
+        return gain
+
+    def _pessimist(self, q: Rates, seconds: Callable[[int], float]) -> Callable:
+        """``(tokens, rate)`` of a candidate with the acceptance CONFIDENCE_Z deviations below ``q``."""
+        memo: dict[Candidate, tuple[float, float]] = {}
+        bounds: list[Rates] = []
+
+        def rate(c: Candidate) -> tuple[float, float]:
+            if c not in memo:
+                if not bounds:
+                    bounds.append(self.stats.lower_rates(CONFIDENCE_Z, q))
+                tokens, spent = steady_state(c, bounds[0], seconds, self.rows, free_bonus=self.free_bonus, k=self.k)
+                tokens *= self.tokens.factor(c.label)
+                spent = self.times.correct(c.label, spent) if self.times is not None else spent
+                memo[c] = (tokens, tokens / spent)
+            return memo[c]
+
+        return rate
+
+    def _scale(self, label: str, predicted: float) -> float:
+        self._predicted_tokens[label] = predicted
+        return predicted * self.tokens.factor(label)
+
+
+def _near(candidate: Candidate, pick: Candidate) -> bool:
+    """Whether ``candidate`` is re-estimated around ``pick``: AR, or a width near the pick's."""
+    return candidate.kind == "ar" or abs(candidate.width - max(pick.width, 1)) <= NEIGHBOURHOOD

@@ -1,1 +1,0 @@
-"""Choosing the schedule and width of each call: acceptance statistics and expected throughput."""
