@@ -52,6 +52,7 @@ from specframe import compose
 from specframe.bench.output import machine_description
 from specframe.bench.tasks import get_task
 from specframe.models import load_model
+from specframe.models.base import ModelCall
 from specframe.models.hub import resolve_source
 
 CALL_ROWS = (1, 2, 4, 10, 18, 34)
@@ -125,9 +126,11 @@ def prefilled_cache(model: Any, context: int, capacity: int) -> Any:
     ids = torch.randint(0, model.vocab_size, (context,), device=device, generator=None)
     model.forward(
         cache,
-        ids,
-        torch.arange(context, device=device),
-        torch.ones(context, context, dtype=torch.bool, device=device).tril(),
+        ModelCall(
+            ids,
+            torch.arange(context, device=device),
+            torch.ones(context, context, dtype=torch.bool, device=device).tril(),
+        ),
     )
     cache.commit(list(range(context)))
     return cache
@@ -147,7 +150,7 @@ def call_ms(model: Any, cache: Any, rows: int, repeats: int) -> tuple[float, flo
     for _ in range(repeats):
         sync(device)
         start, cpu = time.perf_counter(), time.process_time()
-        model.forward(cache, ids, positions, attention)
+        model.forward(cache, ModelCall(ids, positions, attention))
         sync(device)
         walls.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
@@ -225,7 +228,7 @@ def fixed_shapes(model: Any, repeats: int, rows_list: tuple[int, ...] = (2, 4, 1
                 if name == "fixed shape":
                     _fixed_call(model, fixed, cache, inputs)
                 else:
-                    model.forward(cache, ids, positions, attention)
+                    model.forward(cache, ModelCall(ids, positions, attention))
                 sync(model.device)
                 times[name].append(time.perf_counter() - start)
         out[rows] = {name: 1000 * min(values) for name, values in times.items()}

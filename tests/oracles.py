@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specframe.models.base import ModelBackend
+from specframe.models.base import ModelBackend, ModelCall
 from specframe.models.cache import KVCache
 
 
@@ -46,7 +46,9 @@ class MonotoneOracle(ModelBackend):
         self.num_layers, self.num_kv_heads, self.head_dim = 1, 1, 2
         self.dtype = torch.float64
 
-    def forward(self, cache: KVCache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
+    def forward(self, cache: KVCache, call: ModelCall):
+        input_ids, position_ids, attention = call.input_ids, call.position_ids, call.attention
+        output_rows = call.output_rows
         rows = input_ids.shape[0]
         cached_positions = [p for p, _ in stage_pairs(cache, input_ids, position_ids)]
         logits = torch.zeros(rows, self.vocab_size, dtype=torch.float64)

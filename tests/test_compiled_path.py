@@ -19,6 +19,7 @@ from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, generate, tiny_model
 from specframe import compose
 from specframe.errors import ConfigError
 from specframe.models import compiled as compiled_module
+from specframe.models.base import ModelCall
 from specframe.models.compiled import CAPACITY_STEP, GRAPH
 
 VOCAB = 24
@@ -116,7 +117,9 @@ def test_one_graph_serves_every_row_count_and_capacity(pairs):
     for capacity, prompt in ((40, 6), (CAPACITY_STEP + 10, 9)):  # two cache capacities
         cache, reference = graphs.new_cache(capacity), eager.new_cache(capacity)
         for model, c in ((graphs, cache), (eager, reference)):
-            model.forward(c, ids[:prompt], torch.arange(prompt), torch.ones(prompt, prompt, dtype=torch.bool).tril())
+            model.forward(
+                c, ModelCall(ids[:prompt], torch.arange(prompt), torch.ones(prompt, prompt, dtype=torch.bool).tril())
+            )
             c.commit(list(range(prompt)))
         start = prompt
         for rows in (1, 5, 2, 7, 1, 3, 34):
@@ -124,8 +127,8 @@ def test_one_graph_serves_every_row_count_and_capacity(pairs):
             attention |= torch.eye(rows, dtype=torch.bool)
             before = compiled.graph_calls
             span = (ids[start : start + rows], torch.arange(start, start + rows), attention)
-            got = graphs.forward(cache, *span)
-            expected = eager.forward(reference, *span)
+            got = graphs.forward(cache, ModelCall(*span))
+            expected = eager.forward(reference, ModelCall(*span))
             assert compiled.graph_calls == before + 1
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
             for c in (cache, reference):
@@ -141,7 +144,7 @@ def test_direct_calls_equal_calls_through_dynamo(pairs):
     graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
     compiled = graphs.compiled
     cache = graphs.new_cache(40)
-    graphs.forward(cache, torch.arange(5), torch.arange(5), torch.ones(5, 5, dtype=torch.bool).tril())
+    graphs.forward(cache, ModelCall(torch.arange(5), torch.arange(5), torch.ones(5, 5, dtype=torch.bool).tril()))
     cache.commit(list(range(5)))
     start = 5
     for rows in (1, 4, 2, 9, 1):
@@ -153,10 +156,10 @@ def test_direct_calls_equal_calls_through_dynamo(pairs):
         through_dynamo = None
         if direct is not None:  # the first call over the cache compiles the graph (and builds the direct call)
             compiled.direct = None
-            through_dynamo = graphs.forward(cache, *span), cache.keys.clone(), cache.values.clone()
+            through_dynamo = graphs.forward(cache, ModelCall(*span)), cache.keys.clone(), cache.values.clone()
             compiled.direct = direct
             cache.keys.copy_(saved[0]), cache.values.copy_(saved[1])
-        got = graphs.forward(cache, *span)
+        got = graphs.forward(cache, ModelCall(*span))
         assert compiled.direct is not None and compiled.direct_calls == calls + 1
         if through_dynamo is not None:
             assert torch.equal(got, through_dynamo[0])
@@ -185,7 +188,7 @@ def test_recompilations_show_in_the_graph_count(pairs):
             torch.arange(start, start + rows, dtype=dtype),
             torch.ones(rows, rows).bool(),
         )
-        graphs.forward(cache, *span)  # the first call (an empty cache) runs eagerly
+        graphs.forward(cache, ModelCall(*span))  # the first call (an empty cache) runs eagerly
         cache.commit(list(range(rows)))
         assert compiled.compiled_graphs() == graphs_then
 
@@ -257,20 +260,24 @@ def test_prompts_run_on_the_graph_once_it_exists_on_the_cpu(pairs, monkeypatch):
     prompt = torch.arange(6) % (VOCAB - 2)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     first = graphs.new_cache(40)
-    graphs.forward(first, prompt, torch.arange(6), causal)  # no graph yet: eager, not counted towards compiling
+    graphs.forward(
+        first, ModelCall(prompt, torch.arange(6), causal)
+    )  # no graph yet: eager, not counted towards compiling
     assert (compiled.eager_calls, compiled.graph_calls, compiled.seen) == (1, 0, 0)
     first.commit(list(range(6)))
-    graphs.forward(first, prompt[:1], torch.tensor([6]), torch.ones(1, 1, dtype=torch.bool))  # compiles
+    graphs.forward(first, ModelCall(prompt[:1], torch.tensor([6]), torch.ones(1, 1, dtype=torch.bool)))  # compiles
     assert compiled.graph_calls == 1
     cache, reference = graphs.new_cache(40), eager.new_cache(40)
-    got = graphs.forward(cache, prompt, torch.arange(6), causal)  # a new request's prompt: on the graph
-    expected = eager.forward(reference, prompt, torch.arange(6), causal)
+    got = graphs.forward(cache, ModelCall(prompt, torch.arange(6), causal))  # a new request's prompt: on the graph
+    expected = eager.forward(reference, ModelCall(prompt, torch.arange(6), causal))
     assert (compiled.eager_calls, compiled.graph_calls) == (1, 2)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     cache.commit(list(range(6)))
     reference.commit(list(range(6)))
     nxt = (prompt[:2], torch.arange(6, 8), torch.ones(2, 2, dtype=torch.bool).tril())  # the cache the graph wrote
-    torch.testing.assert_close(graphs.forward(cache, *nxt), eager.forward(reference, *nxt), rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        graphs.forward(cache, ModelCall(*nxt)), eager.forward(reference, ModelCall(*nxt)), rtol=0, atol=1e-10
+    )
     monkeypatch.setattr(compiled_module, "PROMPT_ROWS", 5)  # longer prompts stay eager
-    graphs.forward(graphs.new_cache(40), prompt, torch.arange(6), causal)
+    graphs.forward(graphs.new_cache(40), ModelCall(prompt, torch.arange(6), causal))
     assert compiled.eager_calls == 2

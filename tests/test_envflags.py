@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from specframe.models.kernels import prepack_allowed
 
 from specframe.envflags import env_flag
 from specframe.errors import ConfigError
-from specframe.models.kernels import prepack_allowed
 
 VARIABLE = "SPECFRAME_TEST_SWITCH"
 

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from specframe.errors import ConfigError
-from specframe.models.base import ModelBackend
+from specframe.models.base import ModelBackend, ModelCall
 from specframe.paths import cache_dir
 
 #: Row counts a calibration times (clipped to what the model's context allows): the counts the narrow
@@ -328,7 +328,7 @@ def calibrate(
             ids, pos, attention, output = inputs[pair]
             _sync(model)
             start = time.perf_counter()
-            model.forward(caches[pair[0]], ids, pos, attention, output)
+            model.forward(caches[pair[0]], ModelCall(ids, pos, attention, output))
             _sync(model)
             return time.perf_counter() - start
 
@@ -375,7 +375,7 @@ def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) 
     cache = model.new_cache(context + room + 1)
     causal = torch.ones(context, context, dtype=torch.bool, device=model.device).tril()
     positions = torch.arange(context, device=model.device)
-    model.forward(cache, ids, positions, causal, positions[-1:])
+    model.forward(cache, ModelCall(ids, positions, causal, positions[-1:]))
     cache.commit(list(range(context)), list(range(context)))
     return cache
 
@@ -486,7 +486,7 @@ def measure_ratio(model: ModelBackend, context: int, rows: int, rounds: int) -> 
             for r in samples if round_index % 2 else reversed(list(samples)):
                 _sync(model)
                 start = time.perf_counter()
-                model.forward(cache, *inputs[r])
+                model.forward(cache, ModelCall(*inputs[r]))
                 _sync(model)
                 if round_index:
                     samples[r].append(time.perf_counter() - start)

@@ -5,9 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
-from specframe.models import load_model
-from specframe.models.compiled import GRAPH
 from specframe.models.kernels import (
     PACK_MIN_ELEMENTS,
     PACKED_MIN_ROWS,
@@ -15,6 +12,10 @@ from specframe.models.kernels import (
     Projection,
     onednn_available,
 )
+
+from specframe.models import load_model
+from specframe.models.base import ModelCall
+from specframe.models.compiled import GRAPH
 
 ROWS = 9
 
@@ -25,12 +26,13 @@ def _two_calls(model, adapter_rows=None):
     cache = model.new_cache(32)
     ids = torch.randint(0, model.vocab_size, (7 + ROWS,), generator=generator)
     positions = torch.arange(7 + ROWS) + 60  # crosses the Llama-4 scaling step of the test checkpoints (64)
-    first = model.forward(cache, ids[:7], positions[:7], torch.ones(7, 7, dtype=torch.bool).tril())
+    first = model.forward(cache, ModelCall(ids[:7], positions[:7], torch.ones(7, 7, dtype=torch.bool).tril()))
     cache.commit(list(range(7)))
     attention = torch.ones(ROWS, ROWS, dtype=torch.bool).tril()
     attention[5:, 5:] = True
     second = model.forward(
-        cache, ids[7:], positions[7:], attention, output_rows=torch.tensor([0, 4, 8, 2]), adapter_rows=adapter_rows
+        cache,
+        ModelCall(ids[7:], positions[7:], attention, output_rows=torch.tensor([0, 4, 8, 2]), adapter_rows=adapter_rows),
     )
     return first, second
 
