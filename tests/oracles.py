@@ -85,3 +85,21 @@ def stage_pairs(cache: KVCache, input_ids: torch.Tensor, position_ids: torch.Ten
     code = torch.stack([position_ids, input_ids], -1).to(torch.float64).view(rows, 1, 2)
     keys, _ = cache.write(0, code, code)
     return [(int(p), int(t)) for p, t in keys[: cache.length, 0].long().tolist()]
+
+
+def network_logits(
+    model, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, adapter_rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The reference forward: logits of a transformer backend's network over one sequence of rows, no cache.
+
+    Runs the network's own modules, one operation per checkpoint tensor, as training does
+    (:class:`specframe.training.forward.TrainingForward`): an oracle for the inference forward of
+    :mod:`specframe.models.forward`, which shares none of its code. ``mask`` is ``[R, R]`` (True = may attend).
+    """
+    from specframe.training.forward import TrainingForward
+
+    forward = TrainingForward(model.network, model.dtype)
+    adapter = None if adapter_rows is None or not model.has_adapter else adapter_rows[None]
+    with torch.no_grad():
+        hidden = forward.hidden(ids[None], positions[None], mask[None], adapter_rows=adapter)[0]
+        return model.finish_logits(model.network.logits(hidden))

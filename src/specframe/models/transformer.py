@@ -134,8 +134,6 @@ class DecoderBackend(ModelBackend):
         special: Special token ids.
         tokenizer: The checkpoint's tokenizer, if any.
         checkpoint: Where the model came from, and the device and dtype its weights were loaded to.
-        cpu_tuning: Turn the CPU tuning of :mod:`specframe.models.cpu` on or off (default: the
-            ``SPECFRAME_CPU_TUNING`` environment switch, on unless set to 0).
 
     Attributes:
         check_inputs: Validate token and position ids on every call (one host sync per call, skipped for calls
@@ -146,8 +144,8 @@ class DecoderBackend(ModelBackend):
         path: ``"eager"`` (the default) or ``"compiled"`` (one graph for every row count,
             :mod:`specframe.models.compiled`; set by :meth:`enable_compiled`); both run
             :mod:`specframe.models.forward`.
-        cpu_tuning: Whether the CPU tuning of :mod:`specframe.models.cpu` applies (``cpu_tuning`` argument, else
-            the ``SPECFRAME_CPU_TUNING`` environment switch).
+        cpu_tuning: Whether the CPU tuning of :mod:`specframe.models.cpu` applies (the ``SPECFRAME_CPU_TUNING``
+            environment switch when loaded, on unless set to 0; :meth:`set_cpu_tuning` changes it).
     """
 
     def __init__(
@@ -156,7 +154,6 @@ class DecoderBackend(ModelBackend):
         special: SpecialTokens,
         tokenizer: TextTokenizer | None,
         checkpoint: Checkpoint,
-        cpu_tuning: bool | None = None,
     ) -> None:
         d = network.config.dims
         self.network = network
@@ -180,11 +177,19 @@ class DecoderBackend(ModelBackend):
         self.path = "eager"
         self.num_parameters = sum(p.numel() for p in network.parameters())
         self.threads: int | None = None
-        self.cpu_tuning = cpu.enabled(cpu_tuning)
+        self.cpu_tuning = cpu.enabled()
         scaling = (network.config.query_scale_beta, network.config.query_scale_length)
         kernel = cpu.kernel(network, self.device, self.dtype, tuned=self.cpu_tuning)
         self.inference = Forward(network, self.rotary, scaling, kernel)
         self.compiled: CompiledPath | None = None
+
+    def set_cpu_tuning(self, enabled: bool) -> None:
+        """Turn the CPU tuning of :mod:`specframe.models.cpu` on or off (the weights' kernels are rebuilt)."""
+        self.cpu_tuning = bool(enabled)
+        self.inference.kernel = cpu.kernel(self.network, self.device, self.dtype, tuned=self.cpu_tuning)
+        self.inference.refresh()
+        if self.compiled is not None:
+            self.compiled = CompiledPath(self.inference, self.device, self.compiled.backend, tuned=self.cpu_tuning)
 
     def enable_compiled(self, backend: str = "inductor") -> None:
         """Run steady-state calls as one compiled graph from now on (see :mod:`specframe.models.compiled`).
