@@ -67,7 +67,7 @@ def test_compiled_graphs_reproduce_eager_ar(pairs, family, schedule, width, prom
 def test_one_graph_serves_every_schedule_and_width(pairs):
     for family in FAMILIES:
         eager, graphs = pairs[family]
-        graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")  # no graph left by earlier examples
+        graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")  # no graph left by earlier examples
         compiled = graphs.compiled
         result = generate(graphs, "packed", [1, 2, 3], 16, width=3)
         assert result.output_ids == generate(eager, "ar", [1, 2, 3], 16).output_ids
@@ -111,11 +111,12 @@ def test_a_cache_made_under_inference_mode_is_not_reused_outside_it(pairs):
 
 def test_one_graph_serves_every_row_count_and_capacity(pairs):
     eager, graphs = pairs[SETDLM]
-    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
     compiled = graphs.compiled
     ids = torch.arange(300) % (VOCAB - 2)
     for capacity, prompt in ((40, 6), (CAPACITY_STEP + 10, 9)):  # two cache capacities
-        cache, reference = graphs.new_cache(capacity), eager.new_cache(capacity)
+        cache = graphs.new_cache(capacity)
+        reference = eager.new_cache(cache.capacity)  # the same rounded-up capacity
         for model, c in ((graphs, cache), (eager, reference)):
             model.forward(
                 c, ModelCall(ids[:prompt], torch.arange(prompt), torch.ones(prompt, prompt, dtype=torch.bool).tril())
@@ -141,7 +142,7 @@ def test_one_graph_serves_every_row_count_and_capacity(pairs):
 def test_direct_calls_equal_calls_through_dynamo(pairs):
     """The compiled code called without dynamo gives the same logits and cache rows as through dynamo."""
     _, graphs = pairs[NEMOTRON]
-    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
     compiled = graphs.compiled
     cache = graphs.new_cache(40)
     graphs.forward(cache, ModelCall(torch.arange(5), torch.arange(5), torch.ones(5, 5, dtype=torch.bool).tril()))
@@ -173,7 +174,7 @@ def test_direct_calls_equal_calls_through_dynamo(pairs):
 def test_recompilations_show_in_the_graph_count(pairs):
     """The count the tests above rely on does see a second graph (here: int32 ids, which calls may use)."""
     _, graphs = pairs[NEMOTRON]
-    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
     compiled = graphs.compiled
     cache = graphs.new_cache(8)
     for rows, dtype, graphs_then in (
@@ -198,7 +199,7 @@ def test_compile_without_a_cpu_compiler_is_a_clear_error(pairs, monkeypatch):
     monkeypatch.setattr(compiled_module.shutil, "which", lambda name: None)
     fresh = type(graphs.compiled)
     with pytest.raises(ConfigError, match="C\\+\\+ compiler"):
-        fresh(graphs.fast)
+        fresh(graphs.inference, graphs.device)
 
 
 # --- the real compiler (inductor) ------------------------------------------------------------------------
@@ -255,7 +256,7 @@ def test_attention_spans_the_rows_up_to_the_call_rounded_up_not_the_whole_capaci
 
 def test_prompts_run_on_the_graph_once_it_exists_on_the_cpu(pairs, monkeypatch):
     eager, graphs = pairs[NEMOTRON]
-    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
     compiled = graphs.compiled
     prompt = torch.arange(6) % (VOCAB - 2)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
