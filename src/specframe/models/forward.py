@@ -179,10 +179,11 @@ class RopeTables:
 
 
 # -- the step ------------------------------------------------------------------------------------------------
-Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | slice]
 """One request's share of a step: its cache's ``keys`` and ``values`` buffers (``[layers, capacity, kv, dim]``),
 its additive attention mask ``[group * rows, span]`` (query heads of one kv head stacked, cache rows
-``0 .. span``) and the cache ``slots`` ``[rows]`` its new rows' keys and values are written to."""
+``0 .. span``) and the cache rows its new rows' keys and values are written to: ``slots``, a ``[rows]``
+tensor (in graphs) or a slice (eager)."""
 
 
 def step(
@@ -249,7 +250,7 @@ def _attention(
         q = q * scale[:, None, None]
     outs, start = [], 0
     for keys, values, mask, slots in segments:
-        end = start + slots.shape[0]
+        end = start + (slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0])
         outs.append(_attend(w, index, q[start:end], k[start:end], v[start:end], keys, values, mask, slots))
         start = end
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -271,16 +272,18 @@ def _attend(
     keys: torch.Tensor,
     values: torch.Tensor,
     mask: torch.Tensor,
-    slots: torch.Tensor,
+    slots: torch.Tensor | slice,
 ) -> torch.Tensor:
     """One request's rows: write their keys and values into its cache, attend over its first ``span`` rows."""
     kv, d = w.kv_heads, w.head_dim
     rows, group = q.shape[0], w.heads // kv
-    # indexed on the cache itself ((layer, row) pairs): written through a view of it, a compiled graph would
-    # copy the whole cache for every layer
-    at = (torch.full_like(slots, index), slots)
-    keys.index_put_(at, k)
-    values.index_put_(at, v)
+    if isinstance(slots, slice):  # eager: consecutive rows, one copy each
+        keys[index, slots] = k
+        values[index, slots] = v
+    else:  # indexed on the cache itself ((layer, row) pairs): through a view, a graph would copy the whole cache
+        at = (torch.full_like(slots, index), slots)
+        keys.index_put_(at, k)
+        values.index_put_(at, v)
     span = mask.shape[1]
     cached_k = keys[index].narrow(0, 0, span).transpose(0, 1)  # [kv, span, d]
     cached_v = values[index].narrow(0, 0, span).transpose(0, 1)
@@ -407,21 +410,24 @@ class Forward:
             wide=self.dtype in (torch.float16, torch.bfloat16),
             dtype=self.dtype,
         )
+        # read before every call: the attention modules (adapters) and the tensors something was copied from
+        # (qk-norm weights, matrices with a CPU copy); fused matrices and views are read in place
+        self._attention = [layer.self_attn for layer in body.layers]
+        self._copied = [t for a in self._attention if a.q_norm is not None for t in (a.q_norm.weight, a.k_norm.weight)]
+        self._copied += [p.weight for x in layers for p in (x.qkv, x.o, x.gate_up, x.down) if type(p) is not Linear]
+        self._copied += [] if type(self.weights.head) is Linear else [self.weights.head.weight]
         self._state = self._fingerprint()
 
-    def _fingerprint(self) -> tuple:
+    def _fingerprint(self) -> tuple[list, list[int]]:
         """What the weights were built from beyond shared storage: adapters, copied tensors' versions."""
-        lora = tuple(id(layer.self_attn.o_lora) for layer in self.network.body.layers)
-        copied = [layer.self_attn for layer in self.network.body.layers if layer.self_attn.q_norm is not None]
-        versions = [t._version for a in copied for t in (a.q_norm.weight, a.k_norm.weight)]
-        if self.kernel is not Linear:  # CPU kernels keep copies of the matrices
-            versions += [p.weight._version for x in self.weights.layers for p in (x.qkv, x.o, x.gate_up, x.down)]
-            versions.append(self.weights.head.weight._version)
-        return lora, versions
+        return [a.o_lora for a in self._attention], [t._version for t in self._copied]
 
     def stale(self) -> bool:
         """Whether an adapter changed or a copied weight was edited in place since the weights were built."""
-        return self._fingerprint() != self._state
+        lora, versions = self._state
+        return any(a.o_lora is not b for a, b in zip(self._attention, lora, strict=True)) or versions != [
+            t._version for t in self._copied
+        ]
 
     @property
     def has_lora(self) -> bool:
@@ -442,7 +448,7 @@ class Forward:
             rows = call.input_ids.shape[0]
             cache.reserve(rows)
             start = cache.length
-            slots = torch.arange(start, start + rows, device=call.input_ids.device)
+            slots = slice(start, start + rows)
             segments.append((cache.keys, cache.values, eager_mask(call.attention, start, group, w.dtype), slots))
             counts.append(rows if call.output_rows is None else call.output_rows.shape[0])
         calls = [call for _, call in batch]
