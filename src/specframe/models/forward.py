@@ -417,6 +417,7 @@ class Forward:
         self._copied += [p.weight for x in layers for p in (x.qkv, x.o, x.gate_up, x.down) if type(p) is not Linear]
         self._copied += [] if type(self.weights.head) is Linear else [self.weights.head.weight]
         self._state = self._fingerprint()
+        self.has_lora = any(layer.lora is not None for layer in layers)
 
     def _fingerprint(self) -> tuple[list, list[int]]:
         """What the weights were built from beyond shared storage: adapters, copied tensors' versions."""
@@ -429,11 +430,6 @@ class Forward:
             t._version for t in self._copied
         ]
 
-    @property
-    def has_lora(self) -> bool:
-        """Whether a proposal-only adapter is attached."""
-        return any(layer.lora is not None for layer in self.weights.layers)
-
     def run(self, batch: Sequence[tuple[KVCache, ModelCall]]) -> list[torch.Tensor]:
         """Logits of each ``(cache, call)``: one :func:`step` over all calls' rows, attention per request.
 
@@ -441,34 +437,26 @@ class Forward:
         """
         if self.stale():
             self.refresh()
-        w = self.weights
-        group = w.heads // w.kv_heads
-        segments, counts = [], []
+        w, calls = self.weights, [call for _, call in batch]
+        segments, counts, offsets, start = [], [], [], 0
         for cache, call in batch:
             rows = call.input_ids.shape[0]
             cache.reserve(rows)
-            start = cache.length
-            slots = slice(start, start + rows)
-            segments.append((cache.keys, cache.values, eager_mask(call.attention, start, group, w.dtype), slots))
+            mask = eager_mask(call.attention, cache.length, w.heads // w.kv_heads, w.dtype)
+            segments.append((cache.keys, cache.values, mask, slice(cache.length, cache.length + rows)))
             counts.append(rows if call.output_rows is None else call.output_rows.shape[0])
-        calls = [call for _, call in batch]
-        adapter = None
+            offsets.append(start)
+            start += rows
+        adapter = output_rows = None
         if self.has_lora and any(call.adapter_rows is not None for call in calls):
-            adapter = _cat([_adapter_rows(call) for call in calls])
+            adapter = _cat([_or(call.adapter_rows, torch.zeros, call, dtype=torch.bool) for call in calls])
         if len(calls) == 1:
             output_rows = calls[0].output_rows
-        else:
-            offsets = [0]
-            for call in calls[:-1]:
-                offsets.append(offsets[-1] + call.input_ids.shape[0])
-            selected = [call.output_rows is not None for call in calls]
-            output_rows = (
-                None
-                if not any(selected)
-                else torch.cat([_output_rows(call) + offset for call, offset in zip(calls, offsets, strict=True)])
+        elif any(call.output_rows is not None for call in calls):
+            output_rows = torch.cat(
+                [_or(call.output_rows, torch.arange, call) + at for call, at in zip(calls, offsets, strict=True)]
             )
-        ids = _cat([call.input_ids for call in calls])
-        positions = _cat([call.position_ids for call in calls])
+        ids, positions = _cat([c.input_ids for c in calls]), _cat([c.position_ids for c in calls])
         logits = w.head(step(w, ids, positions, segments, adapter, output_rows))
         return [logits] if len(calls) == 1 else list(logits.split(counts))
 
@@ -477,13 +465,6 @@ def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
 
-def _adapter_rows(call: ModelCall) -> torch.Tensor:
-    if call.adapter_rows is not None:
-        return call.adapter_rows
-    return torch.zeros(call.input_ids.shape[0], dtype=torch.bool, device=call.input_ids.device)
-
-
-def _output_rows(call: ModelCall) -> torch.Tensor:
-    if call.output_rows is not None:
-        return call.output_rows
-    return torch.arange(call.input_ids.shape[0], device=call.input_ids.device)
+def _or(given: torch.Tensor | None, make: Callable, call: ModelCall, **options: object) -> torch.Tensor:
+    """``given``, or ``make(rows)`` for the call's rows (the default of an optional row tensor)."""
+    return given if given is not None else make(call.input_ids.shape[0], device=call.input_ids.device, **options)
