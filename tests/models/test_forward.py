@@ -289,3 +289,15 @@ def test_compiled_graphs_multiply_small_float32_matrices_by_their_transposed_cop
         for name in ("qkv", "o", "gate_up", "down"):  # the graph multiplies by the eager path's copies
             assert getattr(layer, name).transposed is getattr(eager_layer, name).transposed
     torch.testing.assert_close(graphs, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_graphs_follow_an_edit_first_seen_by_forward_many(nemotron_dir, compile_at_once):
+    model = _compiled(load_model(nemotron_dir, dtype="float32"))  # small float32 matrices: transposed copies
+    _two_calls(model)
+    assert model.compiled.graph_calls == 1
+    with torch.no_grad():
+        model.network.body.layers[0].self_attn.o_proj.weight.mul_(-1.0)
+    model.forward_many([_request(model, 3, 0, 2, False, False)])  # the eager batch path refreshes the weights
+    after = _two_calls(model)[1]
+    assert model.compiled.graph_calls == 2  # a new graph, on the new weights
+    torch.testing.assert_close(after, _reference(model)[1], rtol=1e-4, atol=1e-4)

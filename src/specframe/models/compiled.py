@@ -120,6 +120,7 @@ class CompiledPath:
         self.direct: cpu.DirectCall | None = None  # the graph's compiled code, called without dynamo
         self._length = torch.zeros((), dtype=torch.int64, device=device)  # the cache length, as graph input
         self._spans: dict[int, torch.Tensor] = {}  # span -> the indices of the rows it spans (see span)
+        self._traced_weights = forward.weights  # what the graph is built on (rebuilt when the forward refreshes)
 
     # -- caches --------------------------------------------------------------------------------------------
     def new_cache(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int) -> KVCache:
@@ -205,9 +206,11 @@ class CompiledPath:
         forward = self.forward
         if forward.stale():
             forward.refresh()
-            self.graphs.clear()  # the graph holds the weights it was traced with
+        if forward.weights is not self._traced_weights:  # the graph holds the weights it was traced with
+            self.graphs.clear()
             self._warm = False
             self.direct = None
+            self._traced_weights = forward.weights
         rows = call.input_ids.shape[0]
         graph = None
         if cache.length + rows <= cache.capacity:
