@@ -67,7 +67,8 @@ def test_compiled_graphs_reproduce_eager_ar(pairs, family, schedule, width, prom
 def test_one_graph_serves_every_schedule_and_width(pairs):
     for family in FAMILIES:
         eager, graphs = pairs[family]
-        graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")  # no graph left by earlier examples
+        # no graph left by earlier examples
+        graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
         compiled = graphs.compiled
         result = generate(graphs, "packed", [1, 2, 3], 16, width=3)
         assert result.output_ids == generate(eager, "ar", [1, 2, 3], 16).output_ids
