@@ -181,9 +181,9 @@ class RopeTables:
 # -- the step ------------------------------------------------------------------------------------------------
 Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | slice]
 """One request's share of a step: its cache's ``keys`` and ``values`` buffers (``[layers, capacity, kv, dim]``),
-its additive attention mask ``[group * rows, span]`` (query heads of one kv head stacked, cache rows
-``0 .. span``) and the cache rows its new rows' keys and values are written to: ``slots``, a ``[rows]``
-tensor (in graphs) or a slice (eager)."""
+its additive attention mask over the cache rows ``0 .. span`` and the cache rows its new rows' keys and values
+are written to: eagerly a ``[rows, span]`` mask and a slice, in graphs a ``[group * rows, span]`` mask (query
+heads of one kv head stacked, :func:`graph_mask`) and a ``[rows]`` tensor."""
 
 
 def step(
@@ -274,21 +274,30 @@ def _attend(
     mask: torch.Tensor,
     slots: torch.Tensor | slice,
 ) -> torch.Tensor:
-    """One request's rows: write their keys and values into its cache, attend over its first ``span`` rows."""
+    """One request's rows: write their keys and values into its cache, attend over its first ``span`` rows.
+
+    Eagerly (``slots`` a slice) one ``scaled_dot_product_attention`` under a ``[rows, span]`` mask; in graphs
+    (``slots`` a tensor) the same product spelt out under a ``[group * rows, span]`` mask, whose explicit copies
+    and ``bmm`` keep the graph from guarding on a row count of 1 (``reshape``, ``@`` and SDPA's checks would ask).
+    """
     kv, d = w.kv_heads, w.head_dim
-    rows, group = q.shape[0], w.heads // kv
-    if isinstance(slots, slice):  # eager: consecutive rows, one copy each
+    rows, group, span = q.shape[0], w.heads // kv, mask.shape[1]
+    if isinstance(slots, slice):  # eager: consecutive rows, one copy each, one attention kernel
         keys[index, slots] = k
         values[index, slots] = v
-    else:  # indexed on the cache itself ((layer, row) pairs): through a view, a graph would copy the whole cache
-        at = (torch.full_like(slots, index), slots)
-        keys.index_put_(at, k)
-        values.index_put_(at, v)
-    span = mask.shape[1]
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],
+            keys[index, :span].transpose(0, 1)[None],
+            values[index, :span].transpose(0, 1)[None],
+            attn_mask=mask,
+            enable_gqa=group > 1,
+        )
+        return out[0].transpose(0, 1).reshape(rows, w.heads * d)
+    at = (torch.full_like(slots, index), slots)  # indexed on the cache itself: through a view of it, a graph
+    keys.index_put_(at, k)  # would copy the whole cache for every layer
+    values.index_put_(at, v)
     cached_k = keys[index].narrow(0, 0, span).transpose(0, 1)  # [kv, span, d]
     cached_v = values[index].narrow(0, 0, span).transpose(0, 1)
-    # explicit copies and bmm rather than reshape and @: their view / broadcast decisions would make a compiled
-    # graph guard on the row count being 1 (see specframe.models.compiled)
     grouped = _copy(q.transpose(0, 1)).view(kv, group * rows, d) * d**-0.5  # heads h = kv x group
     scores = torch.bmm(grouped, cached_k.transpose(1, 2))  # [kv, group * rows, span]
     weights = torch.softmax((scores + mask).to(torch.float32 if w.wide else w.dtype), dim=-1).to(w.dtype)
@@ -301,12 +310,12 @@ def _copy(x: torch.Tensor) -> torch.Tensor:
     return x.clone(memory_format=torch.contiguous_format)
 
 
-def eager_mask(attention: torch.Tensor, length: int, group: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive ``[group * R, length + R]`` mask of a call: every cached row, the new rows as ``attention``."""
+def eager_mask(attention: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive ``[R, length + R]`` mask of a call: every cached row, the new rows as ``attention``."""
     rows = attention.shape[0]
-    mask = torch.zeros(group, rows, length + rows, dtype=dtype, device=attention.device)
-    mask[:, :, length:].masked_fill_(~attention, float("-inf"))
-    return mask.view(group * rows, length + rows)
+    mask = torch.zeros(rows, length + rows, dtype=dtype, device=attention.device)
+    mask[:, length:].masked_fill_(~attention, float("-inf"))
+    return mask
 
 
 def graph_mask(
@@ -442,7 +451,7 @@ class Forward:
         for cache, call in batch:
             rows = call.input_ids.shape[0]
             cache.reserve(rows)
-            mask = eager_mask(call.attention, cache.length, w.heads // w.kv_heads, w.dtype)
+            mask = eager_mask(call.attention, cache.length, w.dtype)
             segments.append((cache.keys, cache.values, mask, slice(cache.length, cache.length + rows)))
             counts.append(rows if call.output_rows is None else call.output_rows.shape[0])
             offsets.append(start)
