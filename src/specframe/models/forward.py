@@ -244,16 +244,19 @@ def _attention(
     qk = qkv[:, : h + kv]
     if layer.qk_norm is not None:
         qk = _norm(w, qk, layer.qk_norm)
-    qk = qk * cos + torch.cat([qk[..., half:], qk[..., :half]], dim=-1) * sin
+    qk = torch.addcmul(qk * cos, torch.cat([qk[..., half:], qk[..., :half]], dim=-1), sin)
     q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
     if scale is not None:
         q = q * scale[:, None, None]
-    outs, start = [], 0
-    for keys, values, mask, slots in segments:
-        end = start + (slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0])
-        outs.append(_attend(w, index, q[start:end], k[start:end], v[start:end], keys, values, mask, slots))
-        start = end
-    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    if len(segments) == 1:
+        out = _attend(w, index, q, k, v, *segments[0])
+    else:
+        outs, start = [], 0
+        for keys, values, mask, slots in segments:
+            end = start + (slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0])
+            outs.append(_attend(w, index, q[start:end], k[start:end], v[start:end], keys, values, mask, slots))
+            start = end
+        out = torch.cat(outs)
     projected = layer.o(out)
     if layer.lora is not None and adapter_rows is not None:
         a, b, lora_scale = layer.lora
