@@ -40,11 +40,6 @@ class ModelCall:
     adapter_rows: torch.Tensor | None = None
     checked: bool = False
 
-    @property
-    def rows(self) -> int:
-        """Number of new rows ``R``."""
-        return int(self.input_ids.shape[0])
-
 
 class TextTokenizer(Protocol):
     """What specframe needs from a tokenizer."""
