@@ -30,6 +30,7 @@ from specframe.auto import policy as auto_module
 from specframe.auto.costs import CostModel
 from specframe.bench.tasks import get_task
 from specframe.models import load_model
+from specframe.models.base import ModelCall
 from specframe.models.threads import apply_threads
 
 ROWS = (1, 2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 32)
@@ -43,7 +44,9 @@ def reference_cost(model, rounds: int, host_ms: float) -> CostModel:
         for c in CONTEXTS:
             cache = model.new_cache(c + max(ROWS) + 1)
             pos = torch.arange(c)
-            model.forward(cache, torch.randint(10, 100, (c,)), pos, torch.ones(c, c, dtype=torch.bool).tril(), pos[-1:])
+            model.forward(
+                cache, ModelCall(torch.randint(10, 100, (c,)), pos, torch.ones(c, c, dtype=torch.bool).tril(), pos[-1:])
+            )
             cache.commit(list(range(c)), list(range(c)))
             caches[c] = cache
             for r in ROWS:
@@ -56,7 +59,7 @@ def reference_cost(model, rounds: int, host_ms: float) -> CostModel:
             shuffle.shuffle(order)
             for key in order:
                 start = time.perf_counter()
-                model.forward(caches[key[0]], *inputs[key])
+                model.forward(caches[key[0]], ModelCall(*inputs[key]))
                 best[key] = min(best[key], time.perf_counter() - start)
     short = tuple((r, best[CONTEXTS[0], r]) for r in ROWS)
     long = tuple((r, max(best[CONTEXTS[1], r], s)) for r, s in short)

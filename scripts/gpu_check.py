@@ -47,6 +47,7 @@ from specframe.bench import BenchSettings, run_bench
 from specframe.bench.output import machine_description
 from specframe.bench.tasks import get_task
 from specframe.models import load_model
+from specframe.models.base import ModelCall
 from specframe.models.hub import bundled_model, bundled_model_names
 from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 
@@ -224,7 +225,7 @@ def forward_ms(model: Any, cache: Any, rows: int, context: int, repeats: int) ->
     for i in range(repeats + 2):
         sync(device)
         start = time.perf_counter()
-        model.forward(cache, ids, positions, attention)
+        model.forward(cache, ModelCall(ids, positions, attention))
         sync(device)
         if i >= 2:  # two warm-up calls per shape
             times.append(time.perf_counter() - start)
@@ -268,10 +269,12 @@ def memory_bound(folder: Path, device: str, quick: bool) -> dict[str, Any]:
     prefill = torch.randint(0, model.vocab_size, (context,), device=dev)
     model.forward(
         cache,
-        prefill,
-        torch.arange(context, device=dev),
-        torch.ones(context, context, dtype=torch.bool, device=dev).tril(),
-        output_rows=torch.tensor([context - 1], device=dev),
+        ModelCall(
+            prefill,
+            torch.arange(context, device=dev),
+            torch.ones(context, context, dtype=torch.bool, device=dev).tril(),
+            output_rows=torch.tensor([context - 1], device=dev),
+        ),
     )
     cache.commit(list(range(context)))
     sweep = {1, 2, 4, 8, 16, 32, 64, 128, 256}

@@ -68,13 +68,13 @@ class Replay:
             nbytes = sum(p.numel() * p.element_size() for p in weights(model))
             self.flush = torch.ones(max(nbytes // 4, 1))
 
-    def record(self, cache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
-        logits = self.forward(cache, input_ids, position_ids, attention, output_rows, adapter_rows)
+    def record(self, cache, call):
+        logits = self.forward(cache, call)
         self.calls.append(logits.clone())
         return logits
 
-    def replay(self, cache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
-        rows = input_ids.shape[0] if output_rows is None else output_rows.shape[0]
+    def replay(self, cache, call):
+        rows = call.input_ids.shape[0] if call.output_rows is None else call.output_rows.shape[0]
         if self.index >= len(self.calls) or self.calls[self.index].shape[0] != rows:
             raise SystemExit(f"the replay diverged from the recorded run at call {self.index + 1}")
         logits = self.calls[self.index]
@@ -84,7 +84,7 @@ class Replay:
             self.flush.sum()
         logits.max()  # a forward has just written its logits: they are in the caches (not counted)
         self.flushed += clock() - started
-        cache.reserve(input_ids.shape[0])
+        cache.reserve(call.input_ids.shape[0])
         return logits
 
     flushed = 0.0

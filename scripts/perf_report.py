@@ -22,7 +22,7 @@ method alike; the ratios are what to read):
    model's weights, the same over the bytes a 1-row call must read (the weights less the input
    embedding), and the memory copy bandwidth;
 2. the call-cost fit ``time = tau + delta x rows`` of single model calls over a 128-row cache, per path
-   (``reference``: one op per checkpoint tensor; ``eager``: the default fast path; ``compiled``), the
+   (``eager``: the default path; ``compiled``: the same step as one torch.compile graph), the
    1-row call against the floor, and the ridge point ``tau / delta`` (rows at which a call costs twice a
    1-row call);
 3. greedy generation of ``--tokens`` tokens (EOS disabled, so every method makes the same number):
@@ -52,6 +52,7 @@ from specframe import compose
 from specframe.bench.output import machine_description
 from specframe.bench.tasks import get_task
 from specframe.models import load_model
+from specframe.models.base import ModelCall
 from specframe.models.hub import resolve_source
 
 CALL_ROWS = (1, 2, 4, 10, 18, 34)
@@ -125,9 +126,11 @@ def prefilled_cache(model: Any, context: int, capacity: int) -> Any:
     ids = torch.randint(0, model.vocab_size, (context,), device=device, generator=None)
     model.forward(
         cache,
-        ids,
-        torch.arange(context, device=device),
-        torch.ones(context, context, dtype=torch.bool, device=device).tril(),
+        ModelCall(
+            ids,
+            torch.arange(context, device=device),
+            torch.ones(context, context, dtype=torch.bool, device=device).tril(),
+        ),
     )
     cache.commit(list(range(context)))
     return cache
@@ -147,7 +150,7 @@ def call_ms(model: Any, cache: Any, rows: int, repeats: int) -> tuple[float, flo
     for _ in range(repeats):
         sync(device)
         start, cpu = time.perf_counter(), time.process_time()
-        model.forward(cache, ids, positions, attention)
+        model.forward(cache, ModelCall(ids, positions, attention))
         sync(device)
         walls.append(time.perf_counter() - start)
         cpus.append(time.process_time() - cpu)
@@ -208,7 +211,7 @@ def fixed_shapes(model: Any, repeats: int, rows_list: tuple[int, ...] = (2, 4, 1
     out = {}
     for rows in rows_list:
         compiled = torch.compile(graphs._fresh_call(), backend="inductor", dynamic=False, fullgraph=True)
-        fixed = functools.partial(compiled, graphs.GraphStep(model.fast).eval())
+        fixed = functools.partial(compiled, model.inference.weights.for_graph())
         ids = torch.randint(0, model.vocab_size, (rows,), device=model.device)
         positions = torch.arange(cache.length, cache.length + rows, device=model.device)
         attention = torch.ones(rows, rows, dtype=torch.bool, device=model.device).tril()
@@ -225,7 +228,7 @@ def fixed_shapes(model: Any, repeats: int, rows_list: tuple[int, ...] = (2, 4, 1
                 if name == "fixed shape":
                     _fixed_call(model, fixed, cache, inputs)
                 else:
-                    model.forward(cache, ids, positions, attention)
+                    model.forward(cache, ModelCall(ids, positions, attention))
                 sync(model.device)
                 times[name].append(time.perf_counter() - start)
         out[rows] = {name: 1000 * min(values) for name, values in times.items()}
@@ -240,11 +243,11 @@ def _fixed_call(model: Any, fixed: Any, cache: Any, inputs: tuple[torch.Tensor, 
 
     rows = inputs[0].shape[0]
     length = torch.tensor(cache.length, device=model.device)
-    with graphs._compiling("inductor", cpu=model.device.type == "cpu"):
+    with graphs._compiling("inductor", cpp_wrapper=model.compiled.tuned):
         span = model.compiled.span(cache.capacity, cache.length + rows)
         (hidden,) = fixed(*inputs, length, cache.keys, cache.values, span, None)
     cache.reserve(rows)
-    model.fast.logits(hidden)
+    model.inference.weights.head(hidden)
 
 
 def set_path(model: Any, path: str) -> None:
@@ -344,10 +347,9 @@ def generation(
     methods: dict[str, tuple[str, str, int]] = {}
     for path in paths:
         methods[f"ar [{path}]"] = (path, "ar", 1)
-        if path != "reference":
-            for schedule in ("packed", "linear"):
-                for w in widths:
-                    methods[f"{schedule}/w{w} [{path}]"] = (path, schedule, w)
+        for schedule in ("packed", "linear"):
+            for w in widths:
+                methods[f"{schedule}/w{w} [{path}]"] = (path, schedule, w)
     hf = transformers_model(model, source)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in methods}
     outputs: dict[str, dict[int, list[int]]] = {}
@@ -574,7 +576,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     model.check_inputs = False
     compose({"model": model, "schedule": "ar", "threads": args.threads})  # applies the thread policy
     widths = [int(w) for w in args.widths.split(",")]
-    paths = ["reference", "eager"] + ([] if args.no_compile else ["compiled"])
+    paths = ["eager"] + ([] if args.no_compile else ["compiled"])
     nbytes = weight_bytes(model)
     log(f"{model.name}: {nbytes / 2**20:.1f} MiB of weights, {torch.get_num_threads()} thread(s), load {load:.2f}")
     floor = streaming_floor(nbytes, model.dtype, torch.device(model.device))
@@ -606,7 +608,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_ratios": {} if gen is None else ratios(gen, paths, widths, "tokens_per_cpu_s"),
         "compile_seconds": compile_seconds,
         "graphs": None if model.compiled is None else model.compiled.compiled_graphs(),
-        "prepacked": model.fast.prepacked,
+        "prepacked": any(type(x.qkv).__name__ == "Prepacked" for x in model.inference.weights.layers),
         "fixed_shapes": fixed,
     }
     result["text"] = render(result)

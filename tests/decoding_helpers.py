@@ -14,7 +14,7 @@ import torch
 
 from specframe import compose
 from specframe.models import load_model
-from specframe.models.base import ModelBackend
+from specframe.models.base import ModelBackend, ModelCall
 from specframe.testing.models import small_vocabulary, write_random_checkpoint
 
 NEMOTRON = "nemotron-labs-diffusion"
@@ -93,9 +93,11 @@ def conditional_logits(model: ModelBackend, context: list[tuple[int, int]], targ
     cache = model.new_cache(rows + 1)
     logits = model.forward(
         cache,
-        torch.tensor(tokens, device=model.device),
-        torch.tensor(positions, device=model.device),
-        attention.to(model.device),
-        torch.tensor([output], device=model.device),
+        ModelCall(
+            torch.tensor(tokens, device=model.device),
+            torch.tensor(positions, device=model.device),
+            attention.to(model.device),
+            torch.tensor([output], device=model.device),
+        ),
     )
     return logits[0]

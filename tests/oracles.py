@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from specframe.models.base import ModelBackend
+from specframe.models.base import ModelBackend, ModelCall
 from specframe.models.cache import KVCache
 
 
@@ -46,7 +46,9 @@ class MonotoneOracle(ModelBackend):
         self.num_layers, self.num_kv_heads, self.head_dim = 1, 1, 2
         self.dtype = torch.float64
 
-    def forward(self, cache: KVCache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
+    def forward(self, cache: KVCache, call: ModelCall):
+        input_ids, position_ids, attention = call.input_ids, call.position_ids, call.attention
+        output_rows = call.output_rows
         rows = input_ids.shape[0]
         cached_positions = [p for p, _ in stage_pairs(cache, input_ids, position_ids)]
         logits = torch.zeros(rows, self.vocab_size, dtype=torch.float64)
@@ -83,3 +85,21 @@ def stage_pairs(cache: KVCache, input_ids: torch.Tensor, position_ids: torch.Ten
     code = torch.stack([position_ids, input_ids], -1).to(torch.float64).view(rows, 1, 2)
     keys, _ = cache.write(0, code, code)
     return [(int(p), int(t)) for p, t in keys[: cache.length, 0].long().tolist()]
+
+
+def network_logits(
+    model, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, adapter_rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The reference forward: logits of a transformer backend's network over one sequence of rows, no cache.
+
+    Runs the network's own modules, one operation per checkpoint tensor, as training does
+    (:class:`specframe.training.forward.TrainingForward`): an oracle for the inference forward of
+    :mod:`specframe.models.forward`, which shares none of its code. ``mask`` is ``[R, R]`` (True = may attend).
+    """
+    from specframe.training.forward import TrainingForward
+
+    forward = TrainingForward(model.network, model.dtype)
+    adapter = None if adapter_rows is None or not model.has_adapter else adapter_rows[None]
+    with torch.no_grad():
+        hidden = forward.hidden(ids[None], positions[None], mask[None], adapter_rows=adapter)[0]
+        return model.finish_logits(model.network.logits(hidden))

@@ -30,7 +30,7 @@ import torch
 
 from oracles import stage_pairs
 from specframe.acceptance.rejection import SamplingWarp
-from specframe.models.base import ModelBackend
+from specframe.models.base import ModelBackend, ModelCall
 from specframe.models.cache import KVCache
 from specframe.testing.reference import ar_distribution, goodness_of_fit
 
@@ -96,8 +96,10 @@ class TableModel(ModelBackend):
         return self.row_logits(kind, len(prefix), visible)
 
     # -- the backend -------------------------------------------------------------------------------------
-    def forward(self, cache: KVCache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
+    def forward(self, cache: KVCache, call: ModelCall):
         """Look every row's logits up from what it sees (cached rows plus the call's rows it attends to)."""
+        input_ids, position_ids, attention = call.input_ids, call.position_ids, call.attention
+        output_rows = call.output_rows
         rows = input_ids.shape[0]
         cached = set(stage_pairs(cache, input_ids, position_ids))
         tokens, positions = input_ids.tolist(), position_ids.tolist()
@@ -148,7 +150,7 @@ def ar_logits(model: TableModel, prefix: Sequence[int]) -> torch.Tensor:
     else:  # a mask query at position n that sees the whole prefix
         ids, positions, row = [*prefix, model.mask_token_id], [*range(n), n], n
         attention = torch.ones(n + 1, n + 1, dtype=torch.bool).tril()
-    logits = model.forward(cache, torch.tensor(ids), torch.tensor(positions), attention, torch.tensor([row]))
+    logits = model.forward(cache, ModelCall(torch.tensor(ids), torch.tensor(positions), attention, torch.tensor([row])))
     return logits[0]
 
 

@@ -479,11 +479,11 @@ def _forward_log(model, decoder, prompt, length=60):
     log = []
     forward = model.forward
 
-    def logged(cache, ids, positions, attention, output_rows=None, adapter_rows=None):
-        adapter = None if adapter_rows is None else adapter_rows.clone()
-        entry = (ids.clone(), positions.clone(), attention.clone(), output_rows.clone(), adapter, cache.length)
-        log.append((decoder.schedule.label(), entry))
-        return forward(cache, ids, positions, attention, output_rows, adapter_rows)
+    def logged(cache, call):
+        adapter = None if call.adapter_rows is None else call.adapter_rows.clone()
+        entry = (call.input_ids.clone(), call.position_ids.clone(), call.attention.clone(), call.output_rows.clone())
+        log.append((decoder.schedule.label(), (*entry, adapter, cache.length)))
+        return forward(cache, call)
 
     model.forward = logged
     try:

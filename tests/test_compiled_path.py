@@ -19,6 +19,7 @@ from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, generate, tiny_model
 from specframe import compose
 from specframe.errors import ConfigError
 from specframe.models import compiled as compiled_module
+from specframe.models.base import ModelCall
 from specframe.models.compiled import CAPACITY_STEP, GRAPH
 
 VOCAB = 24
@@ -66,7 +67,8 @@ def test_compiled_graphs_reproduce_eager_ar(pairs, family, schedule, width, prom
 def test_one_graph_serves_every_schedule_and_width(pairs):
     for family in FAMILIES:
         eager, graphs = pairs[family]
-        graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")  # no graph left by earlier examples
+        # no graph left by earlier examples
+        graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
         compiled = graphs.compiled
         result = generate(graphs, "packed", [1, 2, 3], 16, width=3)
         assert result.output_ids == generate(eager, "ar", [1, 2, 3], 16).output_ids
@@ -110,13 +112,16 @@ def test_a_cache_made_under_inference_mode_is_not_reused_outside_it(pairs):
 
 def test_one_graph_serves_every_row_count_and_capacity(pairs):
     eager, graphs = pairs[SETDLM]
-    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
     compiled = graphs.compiled
     ids = torch.arange(300) % (VOCAB - 2)
     for capacity, prompt in ((40, 6), (CAPACITY_STEP + 10, 9)):  # two cache capacities
-        cache, reference = graphs.new_cache(capacity), eager.new_cache(capacity)
+        cache = graphs.new_cache(capacity)
+        reference = eager.new_cache(cache.capacity)  # the same rounded-up capacity
         for model, c in ((graphs, cache), (eager, reference)):
-            model.forward(c, ids[:prompt], torch.arange(prompt), torch.ones(prompt, prompt, dtype=torch.bool).tril())
+            model.forward(
+                c, ModelCall(ids[:prompt], torch.arange(prompt), torch.ones(prompt, prompt, dtype=torch.bool).tril())
+            )
             c.commit(list(range(prompt)))
         start = prompt
         for rows in (1, 5, 2, 7, 1, 3, 34):
@@ -124,8 +129,8 @@ def test_one_graph_serves_every_row_count_and_capacity(pairs):
             attention |= torch.eye(rows, dtype=torch.bool)
             before = compiled.graph_calls
             span = (ids[start : start + rows], torch.arange(start, start + rows), attention)
-            got = graphs.forward(cache, *span)
-            expected = eager.forward(reference, *span)
+            got = graphs.forward(cache, ModelCall(*span))
+            expected = eager.forward(reference, ModelCall(*span))
             assert compiled.graph_calls == before + 1
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
             for c in (cache, reference):
@@ -138,10 +143,10 @@ def test_one_graph_serves_every_row_count_and_capacity(pairs):
 def test_direct_calls_equal_calls_through_dynamo(pairs):
     """The compiled code called without dynamo gives the same logits and cache rows as through dynamo."""
     _, graphs = pairs[NEMOTRON]
-    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
     compiled = graphs.compiled
     cache = graphs.new_cache(40)
-    graphs.forward(cache, torch.arange(5), torch.arange(5), torch.ones(5, 5, dtype=torch.bool).tril())
+    graphs.forward(cache, ModelCall(torch.arange(5), torch.arange(5), torch.ones(5, 5, dtype=torch.bool).tril()))
     cache.commit(list(range(5)))
     start = 5
     for rows in (1, 4, 2, 9, 1):
@@ -153,10 +158,10 @@ def test_direct_calls_equal_calls_through_dynamo(pairs):
         through_dynamo = None
         if direct is not None:  # the first call over the cache compiles the graph (and builds the direct call)
             compiled.direct = None
-            through_dynamo = graphs.forward(cache, *span), cache.keys.clone(), cache.values.clone()
+            through_dynamo = graphs.forward(cache, ModelCall(*span)), cache.keys.clone(), cache.values.clone()
             compiled.direct = direct
             cache.keys.copy_(saved[0]), cache.values.copy_(saved[1])
-        got = graphs.forward(cache, *span)
+        got = graphs.forward(cache, ModelCall(*span))
         assert compiled.direct is not None and compiled.direct_calls == calls + 1
         if through_dynamo is not None:
             assert torch.equal(got, through_dynamo[0])
@@ -170,7 +175,7 @@ def test_direct_calls_equal_calls_through_dynamo(pairs):
 def test_recompilations_show_in_the_graph_count(pairs):
     """The count the tests above rely on does see a second graph (here: int32 ids, which calls may use)."""
     _, graphs = pairs[NEMOTRON]
-    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
     compiled = graphs.compiled
     cache = graphs.new_cache(8)
     for rows, dtype, graphs_then in (
@@ -185,7 +190,7 @@ def test_recompilations_show_in_the_graph_count(pairs):
             torch.arange(start, start + rows, dtype=dtype),
             torch.ones(rows, rows).bool(),
         )
-        graphs.forward(cache, *span)  # the first call (an empty cache) runs eagerly
+        graphs.forward(cache, ModelCall(*span))  # the first call (an empty cache) runs eagerly
         cache.commit(list(range(rows)))
         assert compiled.compiled_graphs() == graphs_then
 
@@ -195,7 +200,7 @@ def test_compile_without_a_cpu_compiler_is_a_clear_error(pairs, monkeypatch):
     monkeypatch.setattr(compiled_module.shutil, "which", lambda name: None)
     fresh = type(graphs.compiled)
     with pytest.raises(ConfigError, match="C\\+\\+ compiler"):
-        fresh(graphs.fast)
+        fresh(graphs.inference, graphs.device)
 
 
 # --- the real compiler (inductor) ------------------------------------------------------------------------
@@ -252,25 +257,29 @@ def test_attention_spans_the_rows_up_to_the_call_rounded_up_not_the_whole_capaci
 
 def test_prompts_run_on_the_graph_once_it_exists_on_the_cpu(pairs, monkeypatch):
     eager, graphs = pairs[NEMOTRON]
-    graphs.compiled = type(graphs.compiled)(graphs.fast, "aot_eager")
+    graphs.compiled = type(graphs.compiled)(graphs.inference, graphs.device, "aot_eager")
     compiled = graphs.compiled
     prompt = torch.arange(6) % (VOCAB - 2)
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     first = graphs.new_cache(40)
-    graphs.forward(first, prompt, torch.arange(6), causal)  # no graph yet: eager, not counted towards compiling
+    graphs.forward(
+        first, ModelCall(prompt, torch.arange(6), causal)
+    )  # no graph yet: eager, not counted towards compiling
     assert (compiled.eager_calls, compiled.graph_calls, compiled.seen) == (1, 0, 0)
     first.commit(list(range(6)))
-    graphs.forward(first, prompt[:1], torch.tensor([6]), torch.ones(1, 1, dtype=torch.bool))  # compiles
+    graphs.forward(first, ModelCall(prompt[:1], torch.tensor([6]), torch.ones(1, 1, dtype=torch.bool)))  # compiles
     assert compiled.graph_calls == 1
     cache, reference = graphs.new_cache(40), eager.new_cache(40)
-    got = graphs.forward(cache, prompt, torch.arange(6), causal)  # a new request's prompt: on the graph
-    expected = eager.forward(reference, prompt, torch.arange(6), causal)
+    got = graphs.forward(cache, ModelCall(prompt, torch.arange(6), causal))  # a new request's prompt: on the graph
+    expected = eager.forward(reference, ModelCall(prompt, torch.arange(6), causal))
     assert (compiled.eager_calls, compiled.graph_calls) == (1, 2)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-10)
     cache.commit(list(range(6)))
     reference.commit(list(range(6)))
     nxt = (prompt[:2], torch.arange(6, 8), torch.ones(2, 2, dtype=torch.bool).tril())  # the cache the graph wrote
-    torch.testing.assert_close(graphs.forward(cache, *nxt), eager.forward(reference, *nxt), rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        graphs.forward(cache, ModelCall(*nxt)), eager.forward(reference, ModelCall(*nxt)), rtol=0, atol=1e-10
+    )
     monkeypatch.setattr(compiled_module, "PROMPT_ROWS", 5)  # longer prompts stay eager
-    graphs.forward(graphs.new_cache(40), prompt, torch.arange(6), causal)
+    graphs.forward(graphs.new_cache(40), ModelCall(prompt, torch.arange(6), causal))
     assert compiled.eager_calls == 2

@@ -1,13 +1,12 @@
-"""Environment switches (SPECFRAME_DEBUG, SPECFRAME_PREPACK) read one way: on, off, unset, or a named error."""
+"""Environment switches (SPECFRAME_DEBUG, SPECFRAME_CPU_TUNING) read one way: on, off, unset, or a named error."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from specframe.envflags import env_flag
 from specframe.errors import ConfigError
-from specframe.models.kernels import prepack_allowed
+from specframe.models import cpu
 
 VARIABLE = "SPECFRAME_TEST_SWITCH"
 
@@ -40,16 +39,16 @@ def test_anything_else_is_an_error_naming_the_variable(monkeypatch, value):
         env_flag(VARIABLE)
 
 
-def test_prepack_is_turned_off_only_by_an_off_value_and_refuses_a_typo(monkeypatch):
-    cpu, small = torch.device("cpu"), 1024
-    monkeypatch.delenv("SPECFRAME_PREPACK", raising=False)
-    default = prepack_allowed(small, cpu, torch.float32)  # on where oneDNN is available
+def test_cpu_tuning_is_turned_off_only_by_an_off_value_and_refuses_a_typo(monkeypatch):
+    monkeypatch.delenv(cpu.SWITCH, raising=False)
+    assert cpu.enabled() is True
     for value in ("", "1", "on"):
-        monkeypatch.setenv("SPECFRAME_PREPACK", value)
-        assert prepack_allowed(small, cpu, torch.float32) == default, value
+        monkeypatch.setenv(cpu.SWITCH, value)
+        assert cpu.enabled() is True, value
     for value in ("0", "off", "false", "NO"):
-        monkeypatch.setenv("SPECFRAME_PREPACK", value)
-        assert prepack_allowed(small, cpu, torch.float32) is False, value
-    monkeypatch.setenv("SPECFRAME_PREPACK", "abc")  # used to be read as on
-    with pytest.raises(ConfigError, match="SPECFRAME_PREPACK='abc' is not a switch"):
-        prepack_allowed(small, cpu, torch.float32)
+        monkeypatch.setenv(cpu.SWITCH, value)
+        assert cpu.enabled() is False, value
+        assert cpu.enabled(True) is True  # an explicit choice wins
+    monkeypatch.setenv(cpu.SWITCH, "abc")
+    with pytest.raises(ConfigError, match="SPECFRAME_CPU_TUNING='abc' is not a switch"):
+        cpu.enabled()

@@ -15,7 +15,7 @@ from specframe.acceptance.base import DraftRef, Proposals, Verdict
 from specframe.acceptance.greedy import GreedyAcceptance
 from specframe.acceptance.rejection import RejectionSampling, sample_rows
 from specframe.errors import InputError
-from specframe.models.calls import caller_checked
+from specframe.models.base import ModelCall
 from specframe.plan import CallPlan, DraftGroup
 
 PROMPT = [3, 5, 7, 9, 11, 2]
@@ -199,20 +199,21 @@ def test_a_rule_subclass_overriding_verify_is_used_by_packed(models, rule_class)
     assert len(calls) == generation.metrics.nfe
 
 
-def test_caller_checked_skips_only_the_value_check(models, host_reads):
+def test_a_checked_call_skips_only_the_value_check(models, host_reads):
     model = models[NEMOTRON]
     rows = 3
     args = (torch.tensor([3, 4, 5]), torch.tensor([0, 1, 2]), torch.ones(rows, rows, dtype=torch.bool).tril())
-    model.forward(model.new_cache(8), *args)
+    model.forward(model.new_cache(8), ModelCall(*args))
     assert host_reads["reads"] == 1  # the value check's one read
-    with caller_checked(True):
-        model.forward(model.new_cache(8), *args)
+    model.forward(model.new_cache(8), ModelCall(*args, checked=True))
     assert host_reads["reads"] == 1
     bad = (torch.tensor([3, 4, model.vocab_size]), *args[1:])
-    with caller_checked(False), pytest.raises(InputError, match="outside the model's vocabulary"):
-        model.forward(model.new_cache(8), *bad)
-    with caller_checked(True), pytest.raises(InputError, match="attention must be"):  # shapes still checked
-        model.forward(model.new_cache(8), *args[:2], torch.ones(rows, rows + 1, dtype=torch.bool))
+    with pytest.raises(InputError, match="outside the model's vocabulary"):
+        model.forward(model.new_cache(8), ModelCall(*bad, checked=False))
+    with pytest.raises(InputError, match="attention must be"):  # shapes still checked
+        model.forward(
+            model.new_cache(8), ModelCall(*args[:2], torch.ones(rows, rows + 1, dtype=torch.bool), checked=True)
+        )
 
 
 @pytest.mark.parametrize("top_k", [None, 6])

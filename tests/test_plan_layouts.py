@@ -13,6 +13,7 @@ import torch
 
 from decoding_helpers import NEMOTRON, SETDLM, tiny_model
 from specframe.errors import PlanError
+from specframe.models.base import ModelCall
 from specframe.plan import CallPlan, DraftGroup
 from specframe.plugins import get_registry
 
@@ -34,7 +35,7 @@ def families(tmp_path_factory):
 def run(model, builder, plan):
     call = builder.build(plan)
     cache = model.new_cache(call.num_rows + 1)
-    logits = model.forward(cache, call.input_ids, call.position_ids, call.attention, call.output_rows)
+    logits = model.forward(cache, ModelCall(call.input_ids, call.position_ids, call.attention, call.output_rows))
     return builder.read(call, logits)
 
 

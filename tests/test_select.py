@@ -218,9 +218,9 @@ def test_host_ops_per_call_stay_within_budget(nemotron, schedule, acceptance, bu
     generator = torch.Generator().manual_seed(0)
     logits = [torch.randn(rows, nemotron.vocab_size, generator=generator) for rows in range(64)]
 
-    def forward(cache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
-        cache.reserve(input_ids.shape[0])
-        return logits[input_ids.shape[0] if output_rows is None else output_rows.shape[0]]
+    def forward(cache, call):
+        cache.reserve(call.input_ids.shape[0])
+        return logits[call.input_ids.shape[0] if call.output_rows is None else call.output_rows.shape[0]]
 
     nemotron.forward = forward
     try:

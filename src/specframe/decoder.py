@@ -4,7 +4,7 @@ One iteration, as data::
 
     plan   = schedule.plan(state)              # CallPlan: logical, family-free
     call   = builder.physical(plan)            # PhysicalCall: rows, positions, attention (templated)
-    logits = model.forward(cache, call...)     # one forward over cached prefix + new rows
+    logits = model.forward(cache, call)        # one forward over cached prefix + new rows
     result = builder.read(call, logits)        # CallResult: verifier / drafter logits
     accepted = schedule.update(state, plan, result)  # acceptance, next draft; accepted drafts
     commit pending + accepted draft rows       # rollback is free: the rest is never committed
@@ -28,7 +28,6 @@ from specframe.masks.base import MaskBuilder
 from specframe.metrics import Metrics
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
-from specframe.models.calls import caller_checked
 from specframe.orders.base import OrderPolicy
 from specframe.plan import CallPlan, PhysicalCall
 from specframe.schedules.base import Schedule
@@ -296,10 +295,7 @@ class Decoder:
                 call = builder.physical(plan)
                 ids = call.input_ids
                 forward_started = clock()
-                with caller_checked(call.checked):
-                    logits = model.forward(
-                        cache, ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
-                    )
+                logits = model.forward(cache, call)
                 sync()
                 metrics.model_s += clock() - forward_started
                 schedule.observe_call(state, ids.shape[0], clock() - forward_started)  # the width chooser's timing

@@ -1,4 +1,4 @@
-"""On/off switches read from environment variables (``SPECFRAME_DEBUG``, ``SPECFRAME_PREPACK``).
+"""On/off switches read from environment variables (``SPECFRAME_DEBUG``, ``SPECFRAME_CPU_TUNING``).
 
 A switch is read the same way everywhere: ``1``, ``true``, ``yes`` or ``on`` turn it on, ``0``, ``false``,
 ``no`` or ``off`` turn it off (in any case), an empty or unset variable leaves the default, and anything

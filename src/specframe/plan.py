@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specframe.models.base import ModelCall
+
 
 @dataclass(frozen=True)
 class DraftGroup:
@@ -77,39 +79,30 @@ class CallPlan:
         return self.order[: len(self.chain)]
 
 
-@dataclass
-class PhysicalCall:
+@dataclass(frozen=True, kw_only=True)
+class PhysicalCall(ModelCall):
     """A plan laid out as physical rows for one forward pass of a model family.
+
+    It is the :class:`~specframe.models.base.ModelCall` the decoder hands the model (``input_ids``,
+    ``position_ids``, ``attention``, ``output_rows``, ``adapter_rows``, ``checked``; ``attention[i, j]`` lets new
+    row ``i`` attend to new row ``j``, and every new row also attends to every cached row), plus the maps that
+    read its logits back in plan terms.
 
     Attributes:
         plan: The plan this call realises.
-        input_ids: ``[R]`` token ids of the new rows (mask ids for mask queries).
-        position_ids: ``[R]`` position ids of the new rows.
-        attention: ``[R, R]`` boolean; ``attention[i, j]`` lets new row ``i`` attend to new row ``j``.
-            Every new row also attends to every cached row.
-        output_rows: ``[K]`` rows whose logits the model must return, in the order the fields below index.
         verify_rows: ``[num_verify]`` indices into ``output_rows``: rank ``r`` -> its verifier logits.
         draft_rows: per draft group, indices into ``output_rows`` for each of its targets.
         commit_rows: ``position -> (row, token)`` for rows whose keys and values represent ``token`` at
             ``position`` with a context that is valid if the position ends up accepted with that token.
-        adapter_rows: ``[R]`` boolean, rows that receive a proposal-only adapter (LoRA), or ``None``.
         row_slices: ``verify_rows`` and each of ``draft_rows`` as slices of the output rows, when they are
             contiguous (reading logits through a slice is a view, not a gather), or ``None``.
-        checked: Token and position ids were validated on the host when the call was built, so the model
-            need not read them back from the device (see :func:`specframe.models.calls.caller_checked`).
     """
 
     plan: CallPlan
-    input_ids: torch.Tensor
-    position_ids: torch.Tensor
-    attention: torch.Tensor
-    output_rows: torch.Tensor
     verify_rows: torch.Tensor
     draft_rows: tuple[torch.Tensor, ...]
     commit_rows: dict[int, tuple[int, int]] = field(default_factory=dict)
-    adapter_rows: torch.Tensor | None = None
     row_slices: tuple[slice, tuple[slice, ...]] | None = None
-    checked: bool = False
 
     @property
     def num_rows(self) -> int:

@@ -35,6 +35,7 @@ from tokenizers import Tokenizer
 from specframe.convert import convert
 from specframe.convert.gguf_source import read_gguf
 from specframe.models import load_model
+from specframe.models.base import ModelCall
 
 #: Types ``gguf.quants.quantize`` writes, with the largest error allowed against the float weights, as a
 #: fraction of the largest weight.
@@ -217,7 +218,8 @@ def test_qwen3_gguf_keeps_its_row_order_and_qk_norms(tmp_path):
     ids = PROMPTS[2]  # clean rows under a causal mask: the AR model's next-token logits
     rows = len(ids)
     got = model.forward(
-        model.new_cache(16), torch.tensor(ids), torch.arange(rows), torch.ones(rows, rows, dtype=torch.bool).tril()
+        model.new_cache(16),
+        ModelCall(torch.tensor(ids), torch.arange(rows), torch.ones(rows, rows, dtype=torch.bool).tril()),
     )
     with torch.no_grad():
         expected = reference.double()(torch.tensor([ids])).logits[0]

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from specframe.convert import convert
 from specframe.convert.hf_source import read_transformers
 from specframe.models import load_model
+from specframe.models.base import ModelCall
 from specframe.models.weights import open_weights
 
 SOURCES = ["llama", "llama-tied", "llama-sharded", "mistral", "qwen3", "qwen3-tied"]
@@ -94,7 +95,8 @@ def test_forward_logits_equal_transformers(converted, name):
         expected = item.model.double()(torch.tensor([ids])).logits[0]
     rows = len(ids)
     got = model.forward(
-        model.new_cache(16), torch.tensor(ids), torch.arange(rows), torch.ones(rows, rows, dtype=torch.bool).tril()
+        model.new_cache(16),
+        ModelCall(torch.tensor(ids), torch.arange(rows), torch.ones(rows, rows, dtype=torch.bool).tril()),
     )
     assert got.shape == expected.shape
     assert (got - expected).abs().max() < 1e-5

@@ -10,6 +10,7 @@ import torch
 from specframe.convert import convert, writer
 from specframe.convert.hf_source import read_transformers
 from specframe.models import load_model
+from specframe.models.base import ModelCall
 from specframe.models.weights import open_weights
 
 
@@ -48,6 +49,6 @@ def test_large_models_are_written_in_shards_that_load_as_one(converted, tmp_path
     causal = torch.ones(3, 3, dtype=torch.bool).tril()
     one, many = load_model(item.folder, dtype="float64"), load_model(folder, dtype="float64")
     assert torch.equal(
-        one.forward(one.new_cache(4), ids, torch.arange(3), causal),
-        many.forward(many.new_cache(4), ids, torch.arange(3), causal),
+        one.forward(one.new_cache(4), ModelCall(ids, torch.arange(3), causal)),
+        many.forward(many.new_cache(4), ModelCall(ids, torch.arange(3), causal)),
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specframe.models.base import ModelCall
+
 
 def causal(rows: int) -> torch.Tensor:
     return torch.ones(rows, rows, dtype=torch.bool).tril()
@@ -13,8 +15,7 @@ def run(model, cache, ids, positions, attention, **kwargs) -> torch.Tensor:
     """One forward from Python lists/tensors."""
     return model.forward(
         cache,
-        torch.as_tensor(ids, dtype=torch.long),
-        torch.as_tensor(positions, dtype=torch.long),
-        attention,
-        **kwargs,
+        ModelCall(
+            torch.as_tensor(ids, dtype=torch.long), torch.as_tensor(positions, dtype=torch.long), attention, **kwargs
+        ),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from specframe.models import load_model
+from specframe.models.base import ModelCall
 from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
 from specframe.training.forward import TrainingForward
 from specframe.training.objectives import IGNORE, AnyOrderObjective, BlockDiffusionObjective, batch_losses
@@ -105,7 +106,7 @@ def test_training_forward_equals_inference_forward(tmp_path):
         attention = torch.ones(12, 12, dtype=torch.bool).tril()
         attention[8:, 5:8] = False
         attention[8:, 8:] = True  # a bidirectional block over the causal prefix 0..4
-        expected = model.forward(model.new_cache(16), ids, positions, attention)
+        expected = model.forward(model.new_cache(16), ModelCall(ids, positions, attention))
         got = forward.logits(ids[None], positions[None], attention[None])[0]
         if family == SETDLM:
             got[:, model.mask_token_id] = expected[:, model.mask_token_id]

@@ -15,7 +15,7 @@ from specframe_adaptive_packed import AdaptivePackedSchedule
 from specframe import compose
 from specframe.errors import ConfigError
 from specframe.models import load_model
-from specframe.models.base import ModelBackend
+from specframe.models.base import ModelBackend, ModelCall
 from specframe.models.cache import KVCache
 from specframe.state import Verification
 from specframe.testing.models import small_vocabulary, write_random_checkpoint
@@ -152,7 +152,9 @@ class CountingModel(ModelBackend):
         self.num_layers, self.num_kv_heads, self.head_dim = 1, 1, 2
         self.dtype = torch.float64
 
-    def forward(self, cache: KVCache, input_ids, position_ids, attention, output_rows=None, adapter_rows=None):
+    def forward(self, cache: KVCache, call: ModelCall):
+        input_ids, position_ids, attention = call.input_ids, call.position_ids, call.attention
+        output_rows = call.output_rows
         rows = input_ids.shape[0]
         cache.reserve(rows)
         code = torch.stack([position_ids, input_ids], -1).to(torch.float64).view(rows, 1, 2)

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from specframe.errors import ConfigError
-from specframe.models.base import ModelBackend
+from specframe.models.base import ModelBackend, ModelCall
 from specframe.paths import cache_dir
 
 #: Row counts a calibration times (clipped to the model's context): every count narrow candidates use, then
@@ -246,7 +246,8 @@ def _forward(model: ModelBackend, cache: Any, ids: torch.Tensor, start: int, out
     """One causal forward of ``ids`` at positions ``start...`` (the one place this module calls the model)."""
     rows = ids.shape[0]
     positions = torch.arange(start, start + rows, device=model.device)
-    model.forward(cache, ids, positions, torch.ones(rows, rows, dtype=torch.bool, device=model.device).tril(), output)
+    attention = torch.ones(rows, rows, dtype=torch.bool, device=model.device).tril()
+    model.forward(cache, ModelCall(ids, positions, attention, output))
 
 
 def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) -> Any:

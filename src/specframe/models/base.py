@@ -8,13 +8,37 @@ evaluates them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
 from specframe.errors import InputError
 from specframe.models.cache import KVCache
-from specframe.models.calls import ModelCall
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """The inputs of one model call: new rows to evaluate against a request's cache.
+
+    The decoder passes its :class:`specframe.plan.PhysicalCall`, a subclass that adds the plan's row maps.
+
+    Attributes:
+        input_ids: ``[R]`` token ids.
+        position_ids: ``[R]`` position ids.
+        attention: ``[R, R]`` boolean mask among new rows (every row also sees every cached row).
+        output_rows: ``[K]`` rows to return logits for; all rows when ``None``.
+        adapter_rows: ``[R]`` boolean rows that get the proposal-only adapter, if one is loaded.
+        checked: The caller validated token and position ids on the host, so the model need not read them
+            back from the device (:func:`check_call` then checks shapes, dtypes and devices only).
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention: torch.Tensor
+    output_rows: torch.Tensor | None = None
+    adapter_rows: torch.Tensor | None = None
+    checked: bool = False
 
 
 class TextTokenizer(Protocol):
@@ -37,8 +61,8 @@ class TextTokenizer(Protocol):
 class ModelBackend:
     """A loaded model of one family, ready to evaluate calls.
 
-    Subclasses set the attributes below in their constructor and implement :meth:`forward` (or
-    :meth:`evaluate`, which receives the same arguments as one record).
+    Subclasses set the attributes below in their constructor and implement :meth:`forward` (and, where they
+    can evaluate many requests' rows in one pass, :meth:`forward_many`).
 
     Attributes:
         family: Family name, e.g. ``"nemotron-labs-diffusion"``; selects the mask builder.
@@ -77,40 +101,31 @@ class ModelBackend:
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
 
-    def forward(
-        self,
-        cache: KVCache,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention: torch.Tensor,
-        output_rows: torch.Tensor | None = None,
-        adapter_rows: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Evaluate new rows against the cache and stage their keys and values in it.
-
-        A backend implements either this method or :meth:`evaluate`, which receives the arguments as one
-        :class:`~specframe.models.calls.ModelCall` (this method packs them and calls it).
+    def forward(self, cache: KVCache, call: ModelCall) -> torch.Tensor:
+        """Evaluate a call's new rows against the cache and stage their keys and values in it.
 
         Args:
             cache: The request's cache; the new rows' keys/values are staged in it (see :class:`KVCache`).
-            input_ids: ``[R]`` token ids.
-            position_ids: ``[R]`` position ids.
-            attention: ``[R, R]`` boolean mask among new rows (every row also sees every cached row).
-            output_rows: ``[K]`` rows to return logits for; all rows when ``None``.
-            adapter_rows: ``[R]`` boolean rows that get the proposal-only adapter, if one is loaded.
+            call: The rows, their positions and mask, which rows to return and which get the adapter.
 
         Returns:
-            ``[K, vocab_size]`` logits.
+            ``[K, vocab_size]`` logits of ``call.output_rows`` (all rows when ``None``).
         """
-        return self.evaluate(ModelCall(cache, input_ids, position_ids, attention, output_rows, adapter_rows))
+        raise NotImplementedError(f"{type(self).__name__} must implement forward(cache, call)")
 
-    def evaluate(self, call: ModelCall) -> torch.Tensor:
-        """:meth:`forward` with its arguments as one record; override this or :meth:`forward`.
+    def forward_many(self, batch: Sequence[tuple[KVCache, ModelCall]]) -> list[torch.Tensor]:
+        """Evaluate several requests' calls, each against its own cache; attention never crosses requests.
 
-        Raises:
-            NotImplementedError: If the backend overrides neither.
+        The result for item ``i`` equals ``forward(*batch[i])``. This default runs :meth:`forward` once per
+        item; a backend that can evaluate many requests' rows in one pass overrides it.
+
+        Args:
+            batch: ``(cache, call)`` per request (each cache at most once).
+
+        Returns:
+            One logits tensor per item, in order.
         """
-        raise NotImplementedError(f"{type(self).__name__} must implement forward() or evaluate()")
+        return [self.forward(cache, call) for cache, call in batch]
 
     def new_cache(self, capacity: int) -> KVCache:
         """An empty cache with room for ``capacity`` rows on this model's device and dtype."""
@@ -149,3 +164,78 @@ class ModelBackend:
             "device": str(self.device),
             "has_adapter": self.has_adapter,
         }
+
+
+def check_call(model: ModelBackend, cache: KVCache, call: ModelCall, *, values: bool = True) -> None:
+    """Check a call (see :meth:`ModelBackend.forward`) before it runs.
+
+    Shapes, dtypes and devices are checked without a host sync; with ``values``, the ids too (one host sync),
+    unless the caller checked them (``call.checked``).
+
+    Raises:
+        InputError: Naming every problem found.
+    """
+    if not isinstance(call, ModelCall):
+        raise InputError(
+            f"forward(cache, call) takes a ModelCall as its call, got {type(call).__name__}; build one with "
+            "ModelCall(input_ids, position_ids, attention, ...)"
+        )
+    ids, positions, attention = call.input_ids, call.position_ids, call.attention
+    output_rows, adapter = call.output_rows, call.adapter_rows
+    rows = ids.shape[0] if ids.dim() == 1 else -1
+    problems = []
+    if rows < 1:
+        problems.append(f"input_ids must be a non-empty 1-D tensor, got shape {list(ids.shape)}")
+    for label, tensor in (("input_ids", ids), ("position_ids", positions)):
+        if tensor.dtype not in (torch.int64, torch.int32) or tensor.device != model.device:
+            got = f"{tensor.dtype} on {tensor.device}"
+            problems.append(f"{label} must be an integer tensor on {model.device}, got {got}")
+    if positions.shape != ids.shape:
+        problems.append(f"position_ids shape {list(positions.shape)} != input_ids {list(ids.shape)}")
+    if attention.shape != (rows, rows) or attention.dtype != torch.bool:
+        got = f"{attention.dtype} {list(attention.shape)}"
+        problems.append(f"attention must be a [{rows}, {rows}] bool tensor, got {got}")
+    if output_rows is not None and output_rows.dim() != 1:
+        problems.append(f"output_rows must be 1-D, got shape {list(output_rows.shape)}")
+    if adapter is not None and (adapter.shape != (rows,) or adapter.dtype != torch.bool):
+        problems.append(f"adapter_rows must be a [{rows}] bool tensor, got {adapter.dtype} {list(adapter.shape)}")
+    keys = cache.keys
+    expected = (model.num_layers, model.num_kv_heads, model.head_dim)
+    found = (cache.num_layers, *keys.shape[2:])
+    if found != expected or keys.dtype != model.dtype or keys.device != model.device:
+        problems.append(
+            f"the KV cache ({keys.dtype}, {keys.device}, layers/heads/head size {found}) was not made for this "
+            f"model ({model.dtype}, {model.device}, {expected}); create it with model.new_cache()"
+        )
+    if not problems and values and not call.checked:
+        problems = _value_problems(model, cache, ids, positions, attention, output_rows)
+    if problems:
+        raise InputError("; ".join(problems))
+
+
+def _value_problems(model: ModelBackend, cache: KVCache, ids, positions, attention, output_rows) -> list[str]:
+    stats = [ids.min(), ids.max(), positions.min(), positions.max()]
+    selected = output_rows is not None and output_rows.numel() > 0
+    if selected:
+        stats += [output_rows.min(), output_rows.max()]
+    if cache.length == 0:  # with cached rows every row sees something
+        stats.append((~attention.any(dim=1)).sum())
+    values = torch.stack([s.to(torch.int64) for s in stats]).tolist()  # one host sync
+    low_id, high_id, low_pos, high_pos = values[:4]
+    problems = []
+    if low_id < 0 or high_id >= model.vocab_size:
+        bad = high_id if high_id >= model.vocab_size else low_id
+        problems.append(f"token id {bad} is outside the model's vocabulary [0, {model.vocab_size})")
+    if low_pos < 0:
+        problems.append(f"position id {low_pos} is negative")
+    if high_pos > model.max_positions:
+        problems.append(
+            f"position id {high_pos} is beyond the model's context of {model.max_positions + 1} positions "
+            "(max_position_embeddings): shorten the prompt or the requested output"
+        )
+    rows = ids.shape[0]
+    if selected and (values[4] < 0 or values[5] >= rows):
+        problems.append(f"output_rows must index the {rows} rows of the call")
+    if cache.length == 0 and values[-1]:
+        problems.append(f"{values[-1]} row(s) attend to nothing (empty cache and an all-False mask row)")
+    return problems

@@ -1,4 +1,4 @@
-"""A preallocated key/value cache that keeps only the rows a call commits.
+"""A fixed-capacity key/value cache, written by index, that keeps only the rows a call commits.
 
 The cache holds, per layer, keys (already rotated by their position) and values of accepted tokens, in the
 order they were committed. Because every new row may attend to every cached row, the order of cached rows
@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
+from specframe.errors import InputError
+
 
 class KVCache:
     """Per-request key/value storage for all layers of one model.
@@ -23,8 +25,9 @@ class KVCache:
         num_layers: Number of transformer layers.
         num_kv_heads: Key/value heads per layer.
         head_dim: Size of one head.
-        capacity: Rows to preallocate (committed tokens plus the largest call's staging rows). The buffer
-            grows if a call needs more, so this is a performance hint, not a hard limit.
+        capacity: Rows it holds: committed tokens plus the largest call's staging rows (the decoder sizes it
+            from the prompt, the output budget and the mask builder's largest call). A call that does not fit
+            is refused.
         dtype: Storage dtype.
         device: Storage device.
     """
@@ -49,7 +52,7 @@ class KVCache:
 
     @property
     def capacity(self) -> int:
-        """Rows the buffer can hold without growing."""
+        """Rows the buffer holds."""
         return int(self.keys.shape[1])
 
     @property
@@ -58,14 +61,17 @@ class KVCache:
         return int(self.keys.shape[0])
 
     def reserve(self, rows: int) -> None:
-        """Make room for ``rows`` staged rows after the committed ones, growing the buffer if needed."""
-        needed = self.length + rows
-        if needed > self.capacity:
-            new_capacity = max(needed, int(self.capacity * 1.5))
-            grow = new_capacity - self.capacity
-            pad = (self.num_layers, grow, *self.keys.shape[2:])
-            self.keys = torch.cat([self.keys, self.keys.new_zeros(pad)], dim=1)
-            self.values = torch.cat([self.values, self.values.new_zeros(pad)], dim=1)
+        """Stage ``rows`` new rows after the committed ones (the rows a call writes at ``length ..``).
+
+        Raises:
+            InputError: If the rows do not fit in the capacity.
+        """
+        if self.length + rows > self.capacity:
+            raise InputError(
+                f"a call of {rows} rows does not fit in the KV cache ({self.length} of {self.capacity} rows "
+                "committed); create the cache with room for the prompt, the output and the largest call "
+                "(model.new_cache(capacity))"
+            )
         self.staged = rows
 
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,11 +1,10 @@
 """Building blocks shared by the model families: RMSNorm, RoPE (default and YaRN), attention, SwiGLU.
 
-Every layer works on the rows of one call, shaped ``[R, ...]`` (no batch axis): a call evaluates R new rows
-against the keys and values already in the :class:`~specframe.models.cache.KVCache`. Rotary embeddings are
-computed from each row's own position id, so rows may carry arbitrary, scattered or repeated positions.
-
-Training (:mod:`specframe.training`) drives the same modules without a cache: rows are then batched,
-``[B, T, ...]``, and attend among themselves under a ``[B, T, T]`` mask (see :class:`ForwardContext`).
+The modules hold the network's parameters under the checkpoint's names. Their own forward is training's
+(:mod:`specframe.training`): batched rows ``[B, T, ...]`` attending among themselves under a ``[B, T, T]`` mask
+(see :class:`ForwardContext`), with autograd. Inference runs :mod:`specframe.models.forward` over the same
+parameters. Rotary embeddings are computed from each row's own position id, so rows may carry arbitrary,
+scattered or repeated positions.
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
-
-from specframe.models.cache import KVCache
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -174,26 +171,20 @@ def llama4_query_scale(positions: torch.Tensor, beta: float, length: int, dtype:
 
 @dataclass
 class ForwardContext:
-    """Per-call tensors shared by every layer.
-
-    Without a cache (training), the rows are batched as ``[B, T]`` and attend only among themselves: ``cos``
-    and ``sin`` are then ``[B, T, head_dim]``, ``mask`` is ``[B, T, T]`` and ``query_scale`` ``[B, T]``.
+    """Per-call tensors shared by every layer of a batched, cache-free forward.
 
     Attributes:
-        cache: The request's KV cache (already reserved for the call's rows), or ``None`` for a cache-free
-            batched forward.
-        cos: ``[R, head_dim]`` rotary cosines.
-        sin: ``[R, head_dim]`` rotary sines.
-        mask: ``[R, cached + R]`` boolean attention mask (True = may attend).
-        query_scale: ``[R]`` per-row query multiplier, or ``None``.
-        adapter_rows: ``[R]`` boolean rows that get low-rank adapters, or ``None`` (``[B, T]`` when batched).
-        prefix: Cache-free only: per layer, the ``[B, P, kv_heads, head_dim]`` keys and values of ``P`` earlier
-            rows that the new rows also attend to (they come first in ``mask``'s last dimension).
-        capture: Cache-free only: a list that receives each layer's ``(keys, values)`` of the prefix and the new
-            rows together (the prefix of a next call).
+        cos: ``[B, T, head_dim]`` rotary cosines.
+        sin: ``[B, T, head_dim]`` rotary sines.
+        mask: ``[B, T, P + T]`` boolean attention mask (True = may attend).
+        query_scale: ``[B, T]`` per-row query multiplier, or ``None``.
+        adapter_rows: ``[B, T]`` boolean rows that get low-rank adapters, or ``None``.
+        prefix: Per layer, the ``[B, P, kv_heads, head_dim]`` keys and values of ``P`` earlier rows that the
+            new rows also attend to (they come first in ``mask``'s last dimension).
+        capture: A list that receives each layer's ``(keys, values)`` of the prefix and the new rows together
+            (the prefix of a next call).
     """
 
-    cache: KVCache | None
     cos: torch.Tensor
     sin: torch.Tensor
     mask: torch.Tensor
@@ -213,7 +204,7 @@ class LowRankUpdate(nn.Module):
         self.scale = scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The update for inputs ``x`` (``[R, in]``)."""
+        """The update for inputs ``x`` (``[..., in]``)."""
         return F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scale
 
 
@@ -242,10 +233,7 @@ class Attention(nn.Module):
         self.o_lora: LowRankUpdate | None = None
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
-        """Attend from the rows ``x`` (``[R, hidden]``); stages their keys/values in layer ``layer`` of the cache.
-
-        Without a cache in ``ctx``, ``x`` is a batch ``[B, T, hidden]`` whose rows attend among themselves.
-        """
+        """Attend from the batched rows ``x`` (``[B, T, hidden]``) among themselves (and the layer's prefix)."""
         q = rearrange(self.q_proj(x), "... (h d) -> ... h d", d=self.head_dim)
         k = rearrange(self.k_proj(x), "... (h d) -> ... h d", d=self.head_dim)
         v = rearrange(self.v_proj(x), "... (h d) -> ... h d", d=self.head_dim)
@@ -254,42 +242,22 @@ class Attention(nn.Module):
         q, k = apply_rotary(q, ctx.cos, ctx.sin), apply_rotary(k, ctx.cos, ctx.sin)
         if ctx.query_scale is not None:
             q = q * ctx.query_scale[..., None, None]
-        if ctx.cache is None:
-            if ctx.prefix is not None:
-                k, v = (
-                    torch.cat([earlier, new], dim=1) for earlier, new in zip(ctx.prefix[layer], (k, v), strict=True)
-                )
-            if ctx.capture is not None:
-                ctx.capture.append((k, v))
-            out = self._batched(q, k, v, ctx.mask)
-            projected = self.o_proj(out)
-            if self.o_lora is not None and ctx.adapter_rows is not None:
-                projected = torch.where(ctx.adapter_rows[..., None], projected + self.o_lora(out), projected)
-            return projected
-        keys, values = ctx.cache.write(layer, k, v)
-        out = F.scaled_dot_product_attention(
-            rearrange(q, "r h d -> 1 h r d"),
-            rearrange(keys, "n h d -> 1 h n d"),
-            rearrange(values, "n h d -> 1 h n d"),
-            attn_mask=ctx.mask,
-            enable_gqa=self.num_heads != self.num_kv_heads,
-        )
-        out = rearrange(out, "1 h r d -> r (h d)")
-        projected = self.o_proj(out)
-        if self.o_lora is not None and ctx.adapter_rows is not None:
-            projected = torch.where(ctx.adapter_rows[:, None], projected + self.o_lora(out), projected)
-        return projected
-
-    def _batched(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Cache-free attention of ``[B, T, heads, dim]`` queries over ``[B, S, kv_heads, dim]`` keys (training)."""
+        if ctx.prefix is not None:
+            k, v = (torch.cat([earlier, new], dim=1) for earlier, new in zip(ctx.prefix[layer], (k, v), strict=True))
+        if ctx.capture is not None:
+            ctx.capture.append((k, v))
         out = F.scaled_dot_product_attention(
             rearrange(q, "b t h d -> b h t d"),
             rearrange(k, "b t h d -> b h t d"),
             rearrange(v, "b t h d -> b h t d"),
-            attn_mask=mask[:, None],
+            attn_mask=ctx.mask[:, None],
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
-        return rearrange(out, "b h t d -> b t (h d)")
+        out = rearrange(out, "b h t d -> b t (h d)")
+        projected = self.o_proj(out)
+        if self.o_lora is not None and ctx.adapter_rows is not None:
+            projected = torch.where(ctx.adapter_rows[..., None], projected + self.o_lora(out), projected)
+        return projected
 
 
 class SwiGLU(nn.Module):
@@ -302,7 +270,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP to ``[R, hidden]`` rows."""
+        """Apply the MLP to rows ``[..., hidden]``."""
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
@@ -326,6 +294,6 @@ class DecoderLayer(nn.Module):
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
-        """Run the block on ``[R, hidden]`` rows."""
+        """Run the block on batched rows ``[B, T, hidden]``."""
         x = x + self.self_attn(self.input_layernorm(x), ctx, layer)
         return x + self.mlp(self.post_attention_layernorm(x))

@@ -154,6 +154,7 @@ def load_model(
     revision: str | None = None,
     family: str | None = None,
     adapter: bool | str | os.PathLike[str] | None = None,
+    cpu_tuning: bool | None = None,
 ) -> ModelBackend:
     """Load a model from the Hub, a local folder, or the bundled default.
 
@@ -169,6 +170,8 @@ def load_model(
         adapter: Load the family's proposal-only adapter (``True``, or an adapter folder); ``None`` (the
             default) loads the drafter adapter the checkpoint declares as its own (config.json's
             ``specframe_drafter``, which converted models with a trained drafter carry), and none otherwise.
+        cpu_tuning: Turn the CPU tuning of :mod:`specframe.models.cpu` on or off for a model that has it
+            (``set_cpu_tuning``); ``None``: the ``SPECFRAME_CPU_TUNING`` environment switch (on by default).
 
     Returns:
         The loaded backend.
@@ -218,6 +221,8 @@ def load_model(
         ) from exc
     if not isinstance(model, ModelBackend):
         raise PluginError(f"{origin}: its loader returned {type(model).__name__}, not a ModelBackend")
+    if cpu_tuning is not None and hasattr(model, "set_cpu_tuning"):
+        model.set_cpu_tuning(cpu_tuning)
     return model
 
 

@@ -7,19 +7,21 @@ from building the module on the meta device to validating a call's inputs, lives
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specframe.models.base import ModelBackend, TextTokenizer
+from specframe.errors import InputError
+from specframe.models import cpu
+from specframe.models.base import ModelBackend, ModelCall, TextTokenizer, check_call
 from specframe.models.cache import KVCache
-from specframe.models.calls import ModelCall, check_call
 from specframe.models.compiled import CompiledPath
 from specframe.models.config_json import DecoderDims
-from specframe.models.fast import FastForward, fuse_projections
-from specframe.models.layers import DecoderLayer, ForwardContext, RMSNorm, RopeSpec, RotaryEmbedding, llama4_query_scale
+from specframe.models.forward import Forward
+from specframe.models.layers import DecoderLayer, ForwardContext, RMSNorm, RopeSpec, RotaryEmbedding
 from specframe.models.loading import Checkpoint
 from specframe.models.weights import KeyLayout, TensorSource, load_state, open_weights
 
@@ -83,13 +85,14 @@ class DecoderStack(nn.Module):
         )
         self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, ctx: ForwardContext, output_rows: torch.Tensor | None) -> torch.Tensor:
-        """Normalised final hidden states of ``output_rows`` (all rows when ``None``)."""
+    def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
+        """Normalised final hidden states ``[B, T, hidden]`` of batched rows (training's forward).
+
+        Inference runs :mod:`specframe.models.forward` over the same parameters.
+        """
         x = self.embed_tokens(input_ids)
         for index, layer in enumerate(self.layers):
             x = layer(x, ctx, index)
-        if output_rows is not None:
-            x = x.index_select(0, output_rows)
         return self.norm(x)
 
 
@@ -133,15 +136,16 @@ class DecoderBackend(ModelBackend):
         checkpoint: Where the model came from, and the device and dtype its weights were loaded to.
 
     Attributes:
-        check_inputs: Validate token and position ids on every call (one host sync per call); benchmarks
-            that trust their mask builder may turn it off.
+        check_inputs: Validate token and position ids on every call (one host sync per call, skipped for calls
+            marked ``checked``); benchmarks that trust their mask builder may turn it off.
         pad_token_id: Padding id, if the checkpoint names one.
         num_parameters: Parameters of the network (for the thread policy of :mod:`specframe.models.threads`).
         threads: Thread count chosen for this model when a decoder was composed on it (``None`` before).
-        path: ``"eager"`` (the default: the flat forward of :mod:`specframe.models.fast`), ``"compiled"``
-            (one graph for every row count over a fixed-capacity cache, :mod:`specframe.models.compiled`;
-            set by :meth:`enable_compiled`) or
-            ``"reference"`` (the network's own modules, one op per checkpoint tensor; kept for comparison).
+        path: ``"eager"`` (the default) or ``"compiled"`` (one graph for every row count,
+            :mod:`specframe.models.compiled`; set by :meth:`enable_compiled`); both run
+            :mod:`specframe.models.forward`.
+        cpu_tuning: Whether the CPU tuning of :mod:`specframe.models.cpu` applies (the ``SPECFRAME_CPU_TUNING``
+            environment switch when loaded, on unless set to 0; :meth:`set_cpu_tuning` changes it).
     """
 
     def __init__(
@@ -173,10 +177,19 @@ class DecoderBackend(ModelBackend):
         self.path = "eager"
         self.num_parameters = sum(p.numel() for p in network.parameters())
         self.threads: int | None = None
-        fuse_projections(network)
+        self.cpu_tuning = cpu.enabled()
         scaling = (network.config.query_scale_beta, network.config.query_scale_length)
-        self.fast = FastForward(network, self.rotary, scaling, self.device, self.dtype)
+        kernel = cpu.kernel(network, self.device, self.dtype, tuned=self.cpu_tuning)
+        self.inference = Forward(network, self.rotary, scaling, kernel)
         self.compiled: CompiledPath | None = None
+
+    def set_cpu_tuning(self, enabled: bool) -> None:
+        """Turn the CPU tuning of :mod:`specframe.models.cpu` on or off (the weights' kernels are rebuilt)."""
+        self.cpu_tuning = bool(enabled)
+        self.inference.kernel = cpu.kernel(self.network, self.device, self.dtype, tuned=self.cpu_tuning)
+        self.inference.refresh()
+        if self.compiled is not None:
+            self.compiled = CompiledPath(self.inference, self.device, self.compiled.backend, tuned=self.cpu_tuning)
 
     def enable_compiled(self, backend: str = "inductor") -> None:
         """Run steady-state calls as one compiled graph from now on (see :mod:`specframe.models.compiled`).
@@ -188,7 +201,7 @@ class DecoderBackend(ModelBackend):
             ConfigError: If ``torch.compile`` cannot run on this device (no C++ compiler on the CPU, ...).
         """
         if self.compiled is None or self.compiled.backend != backend:
-            self.compiled = CompiledPath(self.fast, backend)
+            self.compiled = CompiledPath(self.inference, self.device, backend, tuned=self.cpu_tuning)
         self.path = "compiled"
 
     def new_cache(self, capacity: int) -> KVCache:
@@ -224,48 +237,48 @@ class DecoderBackend(ModelBackend):
         return cls(network, special, tokenizer, ckpt)
 
     @torch.no_grad()
-    def evaluate(self, call: ModelCall) -> torch.Tensor:
+    def forward(self, cache: KVCache, call: ModelCall) -> torch.Tensor:
         """Evaluate a call (see :meth:`ModelBackend.forward`) on the model's :attr:`path`.
 
         Logits are returned in float32 for half-precision models and in the model's dtype otherwise.
 
         Raises:
             InputError: If shapes disagree, a token id is outside the vocabulary, a position id is beyond
-                the model's context, or the cache does not belong to this model.
+                the model's context, the cache does not belong to this model or the call does not fit in it.
         """
-        check_call(self, call, values=self.check_inputs)
-        if self.path == "reference":
-            logits = self._reference_forward(call)
-        elif self.path == "compiled" and self.compiled is not None:
-            logits = self.fast.logits(self.compiled.hidden(call))
-        else:
-            logits = self.fast.logits(self.fast.hidden(call))
+        check_call(self, cache, call, values=self.check_inputs)
+        if self.path == "compiled" and self.compiled is not None:
+            return self._finish(self.compiled.logits(cache, call))
+        return self._finish(self.inference.run([(cache, call)])[0])
+
+    @torch.no_grad()
+    def forward_many(self, batch: Sequence[tuple[KVCache, ModelCall]]) -> list[torch.Tensor]:
+        """Evaluate several requests' calls in one pass (see :meth:`ModelBackend.forward_many`).
+
+        The embedding, every projection, the MLP and the output layer run once over all calls' rows
+        concatenated; attention runs per request over its own cache. In float64 each item's logits equal
+        :meth:`forward` of that item alone; in lower precision, kernels chosen by the total row count may
+        round differently. On the compiled path the batch runs eagerly.
+
+        Raises:
+            InputError: As :meth:`forward`, naming the item; or if a cache appears twice.
+        """
+        if len({id(cache) for cache, _ in batch}) != len(batch):
+            raise InputError("forward_many got the same cache twice; each request needs its own cache")
+        for index, (cache, call) in enumerate(batch):
+            try:
+                check_call(self, cache, call, values=self.check_inputs)
+            except InputError as error:
+                raise InputError(f"batch item {index}: {error}") from None
+        if not batch:
+            return []
+        return [self._finish(logits) for logits in self.inference.run(batch)]
+
+    def _finish(self, logits: torch.Tensor) -> torch.Tensor:
         if logits.dtype in (torch.float16, torch.bfloat16):
             logits = logits.float()
         return self.finish_logits(logits)
 
-    def _reference_forward(self, call: ModelCall) -> torch.Tensor:
-        cache, position_ids, attention = call.cache, call.position_ids, call.attention
-        rows = call.input_ids.shape[0]
-        cache.reserve(rows)
-        cos, sin = self.rotary(position_ids)
-        cached = torch.ones(rows, cache.length, dtype=torch.bool, device=attention.device)
-        ctx = ForwardContext(
-            cache=cache,
-            cos=cos,
-            sin=sin,
-            mask=torch.cat([cached, attention], dim=1),
-            query_scale=self._query_scale(position_ids),
-            adapter_rows=call.adapter_rows if self.has_adapter else None,
-        )
-        return self.network.logits(self.network.body(call.input_ids, ctx, call.output_rows))
-
     def finish_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Family-specific adjustment of returned logits (identity by default)."""
         return logits
-
-    def _query_scale(self, position_ids: torch.Tensor) -> torch.Tensor | None:
-        beta = self.config.query_scale_beta
-        if not beta:
-            return None
-        return llama4_query_scale(position_ids, beta, self.config.query_scale_length, self.dtype)

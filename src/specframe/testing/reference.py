@@ -90,14 +90,7 @@ def conditional_logits(model: ModelBackend, context: Sequence[tuple[int, int]], 
     plan = CallPlan(pending=tuple(context), order=(target,), chain=(), num_verify=1, drafts=(), width=1)
     call = builder.build(plan)
     with torch.inference_mode():
-        logits = model.forward(
-            model.new_cache(call.num_rows),
-            call.input_ids,
-            call.position_ids,
-            call.attention,
-            call.output_rows,
-            call.adapter_rows,
-        )
+        logits = model.forward(model.new_cache(call.num_rows), call)
         return builder.read(call, logits).verify_logits[0]
 
 

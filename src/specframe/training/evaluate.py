@@ -19,7 +19,7 @@ import torch
 
 from specframe.metrics import Metrics
 from specframe.models import nemotron
-from specframe.models.base import ModelBackend
+from specframe.models.base import ModelBackend, ModelCall
 from specframe.training.corpus import SourceFile, corpus_files, split_files, spread_windows
 
 _DEF_LINE = re.compile(r"^[ \t]*(async[ \t]+)?def [^\n]*:(?=[ \t]*\n)", re.MULTILINE)
@@ -72,7 +72,7 @@ def window_loss(model: ModelBackend, window: torch.Tensor) -> tuple[float, int]:
     causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     cache = model.new_cache(2 * length)
     if model.family == nemotron.FAMILY:
-        logits = model.forward(cache, window, positions, causal)[:-1]
+        logits = model.forward(cache, ModelCall(window, positions, causal))[:-1]
     else:
         queries = length - 1
         ids = torch.cat([window, torch.full((queries,), model.mask_token_id, device=device)])
@@ -81,7 +81,7 @@ def window_loss(model: ModelBackend, window: torch.Tensor) -> tuple[float, int]:
         rows[length:, :length] = torch.ones(queries, length, dtype=torch.bool, device=device).tril()
         rows[length:, length:] = torch.eye(queries, dtype=torch.bool, device=device)
         mask_positions = positions[1:]
-        logits = model.forward(cache, ids, torch.cat([positions, mask_positions]), rows)[length:]
+        logits = model.forward(cache, ModelCall(ids, torch.cat([positions, mask_positions]), rows))[length:]
     loss = torch.nn.functional.cross_entropy(logits.double(), window[1:], reduction="sum")
     return float(loss), length - 1
 

@@ -55,7 +55,6 @@ class TrainingForward:
         if config.query_scale_beta:
             scale = llama4_query_scale(position_ids, config.query_scale_beta, config.query_scale_length, self.dtype)
         ctx = ForwardContext(
-            cache=None,
             cos=cos,
             sin=sin,
             mask=mask,
@@ -64,7 +63,7 @@ class TrainingForward:
             prefix=prefix,
             capture=capture,
         )
-        return self.network.body(input_ids, ctx, None)
+        return self.network.body(input_ids, ctx)
 
     def logits(
         self,

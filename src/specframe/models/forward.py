@@ -1,0 +1,482 @@
+"""How a call's rows become logits: the one inference forward of the transformer families.
+
+A call is ``R`` new rows (token ids, position ids, an ``[R, R]`` mask among them) evaluated against a
+request's :class:`~specframe.models.cache.KVCache`, a fixed-capacity buffer written by index. Every path runs
+:func:`step`, a plain function of the model's :class:`Weights` and the call's tensors:
+
+* **eager** (the default): :class:`Forward` builds the mask and the rows' cache slots and calls :func:`step`;
+* **batched** (:meth:`Forward.run` with several requests): the requests' rows are concatenated, so the
+  embedding, every projection, the MLP and the output layer run once over all of them, while attention runs
+  per request over its own cache (it never crosses requests);
+* **compiled** (:mod:`specframe.models.compiled`): :func:`graph_call`, which builds the mask inside the graph
+  from the cache length and then calls the same :func:`step`, wrapped by ``torch.compile``.
+
+Weights are built once at load: each layer's q/k/v and gate/up matrices are fused into one matrix
+(:func:`fuse`; the network's own parameters become views of it, so nothing is held twice, training and export
+still see the checkpoint's tensors, and in-place edits reach the fused matrix). A projection is an object
+called on ``[R, in]`` rows; the kernel is chosen by swapping that object (:class:`Linear` by default, the CPU
+kernels of :mod:`specframe.models.cpu` where they pay, their graph-friendly forms in compiled graphs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specframe.models.base import ModelCall
+from specframe.models.cache import KVCache
+from specframe.models.layers import RotaryEmbedding, llama4_query_scale
+
+TABLE_BYTES_LIMIT = 64 * 2**20
+"""Largest rotary table built ahead (beyond it, cos/sin are computed per call from the position ids)."""
+
+
+class Linear:
+    """The default projection ``x @ weight.T`` (``F.linear``) of a bias-free ``[out, in]`` weight."""
+
+    __slots__ = ("weight",)
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        self.weight = weight
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T`` for ``x`` shaped ``[R, in]``."""
+        return F.linear(x, self.weight)
+
+    def for_graph(self) -> Linear:
+        """The form of this projection a compiled graph calls (kernels that pick by row count cannot)."""
+        return self
+
+
+Kernel = Callable[[torch.Tensor], Linear]
+"""Makes the projection object of a weight: :class:`Linear`, or a CPU kernel (:func:`specframe.models.cpu.kernel`)."""
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer's tensors and projections.
+
+    Attributes:
+        input_norm: Attention RMSNorm weight.
+        post_norm: MLP RMSNorm weight.
+        qkv: Fused q/k/v projection (``[(heads + 2 kv_heads) head_dim, hidden]``).
+        o: Attention output projection.
+        gate_up: Fused gate/up projection (``[2 intermediate, hidden]``).
+        down: MLP output projection.
+        qk_norm: ``[heads + kv_heads, head_dim]`` per-head q_norm then k_norm weights (Qwen3), or ``None``.
+        lora: ``(A, B, scale)`` of the proposal-only adapter on the output projection, or ``None``.
+    """
+
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
+    qk_norm: torch.Tensor | None
+    lora: tuple[torch.Tensor, torch.Tensor, float] | None
+
+
+@dataclass
+class Weights:
+    """Everything :func:`step` reads besides the call: weights, rotary tables and sizes."""
+
+    embed: torch.Tensor
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    head: Linear
+    tables: RopeTables
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    wide: bool  # half precision: norms and softmax run in float32
+    dtype: torch.dtype
+
+    def for_graph(self) -> Weights:
+        """These weights with every projection swapped for the form a compiled graph calls."""
+        graph = [dataclasses.replace(x, **{n: getattr(x, n).for_graph() for n in _PROJECTIONS}) for x in self.layers]
+        return dataclasses.replace(self, layers=graph, head=self.head.for_graph())
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the step reads (for CUDA graphs, which must read them in place)."""
+        for value in (self.embed, self.final_norm, self.tables.cos, self.tables.sin, self.tables.scale):
+            if value is not None:
+                yield value
+        for layer in self.layers:
+            yield from (layer.input_norm, layer.post_norm, *(getattr(layer, n).weight for n in _PROJECTIONS))
+            yield from (t for t in (layer.qk_norm, *(layer.lora or ())[:2]) if t is not None)
+
+
+_PROJECTIONS = ("qkv", "o", "gate_up", "down")
+_FUSED = (
+    ("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv_weight"),
+    ("mlp", ("gate_proj", "up_proj"), "gate_up_weight"),
+)
+
+
+def fuse(network: nn.Module) -> None:
+    """Store each layer's q/k/v and gate/up weights in one matrix whose row blocks become the module weights.
+
+    Called once at load. The fused matrices are reachable as ``self_attn.qkv_weight`` and
+    ``mlp.gate_up_weight``; the modules keep their checkpoint names (for training and export).
+    """
+    for layer in network.body.layers:
+        for module_name, names, fused_name in _FUSED:
+            module = getattr(layer, module_name)
+            parts = [getattr(module, n).weight for n in names]
+            fused = torch.cat([p.detach() for p in parts], dim=0)
+            start = 0
+            for name, part in zip(names, parts, strict=True):
+                rows = part.shape[0]
+                getattr(module, name).weight = nn.Parameter(
+                    fused[start : start + rows], requires_grad=part.requires_grad
+                )
+                start += rows
+            setattr(module, fused_name, fused)
+
+
+class RopeTables:
+    """Rotary cos and signed sin (``[-sin, sin]`` halves) for positions, plus Llama-4 query scales.
+
+    Tables cover every position up to the model's context when they fit in :data:`TABLE_BYTES_LIMIT`;
+    otherwise values are computed per call exactly as :class:`RotaryEmbedding` does.
+    """
+
+    def __init__(
+        self, rotary: RotaryEmbedding, positions: int, beta: float, scale_length: int, dtype: torch.dtype
+    ) -> None:
+        self.rotary = rotary
+        self.beta, self.scale_length, self.dtype = beta, scale_length, dtype
+        dim = 2 * rotary.inv_freq.shape[0]
+        self.half = dim // 2
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        self.cos = self.sin = self.scale = None
+        if 2 * positions * dim * itemsize <= TABLE_BYTES_LIMIT:
+            every = torch.arange(positions, device=rotary.inv_freq.device)
+            self.cos, self.sin = self._compute(every)
+            self.scale = self._scale(every)
+
+    def _compute(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.rotary(positions)
+        return cos, torch.cat([-sin[..., : self.half], sin[..., self.half :]], dim=-1)
+
+    def _scale(self, positions: torch.Tensor) -> torch.Tensor | None:
+        return llama4_query_scale(positions, self.beta, self.scale_length, self.dtype) if self.beta else None
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``(cos, signed sin, query scale or None)`` for ``[R]`` position ids."""
+        if self.cos is None:
+            cos, sin = self._compute(positions)
+            return cos, sin, self._scale(positions)
+        scale = None if self.scale is None else self.scale.index_select(0, positions)
+        return self.cos.index_select(0, positions), self.sin.index_select(0, positions), scale
+
+
+# -- the step ------------------------------------------------------------------------------------------------
+Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | slice]
+"""One request's share of a step: its cache's ``keys`` and ``values`` buffers (``[layers, capacity, kv, dim]``),
+its additive attention mask over the cache rows ``0 .. span`` and the cache rows its new rows' keys and values
+are written to: eagerly a ``[rows, span]`` mask and a slice, in graphs a ``[group * rows, span]`` mask (query
+heads of one kv head stacked, :func:`graph_mask`) and a ``[rows]`` tensor."""
+
+
+def step(
+    w: Weights,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    segments: Sequence[Segment],
+    adapter_rows: torch.Tensor | None = None,
+    output_rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Final normalised hidden states of a step's ``output_rows`` (all rows when ``None``).
+
+    The rows are the segments' rows in order; each segment's rows write their keys and values into their
+    cache and attend over it under their own mask. Everything else runs once over all rows.
+
+    Args:
+        w: The model's weights.
+        input_ids: ``[R]`` token ids.
+        position_ids: ``[R]`` position ids.
+        segments: One :data:`Segment` per request, their rows consecutive.
+        adapter_rows: ``[R]`` rows that get the adapter (when the weights have one), or ``None``.
+        output_rows: ``[K]`` rows to return, or ``None``.
+    """
+    cos, sin, scale = w.tables.lookup(position_ids)
+    cos, sin = cos[:, None], sin[:, None]
+    x = F.embedding(input_ids, w.embed)
+    for index, layer in enumerate(w.layers):
+        x = x + _attention(w, layer, index, _norm(w, x, layer.input_norm), cos, sin, scale, segments, adapter_rows)
+        gate_up = layer.gate_up(_norm(w, x, layer.post_norm))
+        inner = gate_up.shape[1] // 2
+        x = x + layer.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
+    if output_rows is not None:
+        x = x.index_select(0, output_rows)
+    return _norm(w, x, w.final_norm)
+
+
+def _norm(w: Weights, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """RMSNorm over the last axis (in float32 for half precision)."""
+    wide = x.float() if w.wide else x
+    wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + w.eps)
+    return weight * (wide.to(x.dtype) if w.wide else wide)
+
+
+def _attention(
+    w: Weights,
+    layer: LayerWeights,
+    index: int,
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    scale: torch.Tensor | None,
+    segments: Sequence[Segment],
+    adapter_rows: torch.Tensor | None,
+) -> torch.Tensor:
+    h, kv, d = w.heads, w.kv_heads, w.head_dim
+    rows, half = x.shape[0], d // 2
+    qkv = layer.qkv(x).view(rows, h + 2 * kv, d)
+    qk = qkv[:, : h + kv]
+    if layer.qk_norm is not None:
+        qk = _norm(w, qk, layer.qk_norm)
+    qk = torch.addcmul(qk * cos, torch.cat([qk[..., half:], qk[..., :half]], dim=-1), sin)
+    q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
+    if scale is not None:
+        q = q * scale[:, None, None]
+    if len(segments) == 1:
+        out = _attend(w, index, q, k, v, *segments[0])
+    else:
+        outs, start = [], 0
+        for keys, values, mask, slots in segments:
+            end = start + (slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0])
+            outs.append(_attend(w, index, q[start:end], k[start:end], v[start:end], keys, values, mask, slots))
+            start = end
+        out = torch.cat(outs)
+    projected = layer.o(out)
+    if layer.lora is not None and adapter_rows is not None:
+        a, b, lora_scale = layer.lora
+        projected = torch.where(
+            adapter_rows[:, None], projected + F.linear(F.linear(out, a), b) * lora_scale, projected
+        )
+    return projected
+
+
+def _attend(
+    w: Weights,
+    index: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    slots: torch.Tensor | slice,
+) -> torch.Tensor:
+    """One request's rows: write their keys and values into its cache, attend over its first ``span`` rows.
+
+    Eagerly (``slots`` a slice) one ``scaled_dot_product_attention`` under a ``[rows, span]`` mask; in graphs
+    (``slots`` a tensor) the same product spelt out under a ``[group * rows, span]`` mask, whose explicit copies
+    and ``bmm`` keep the graph from guarding on a row count of 1 (``reshape``, ``@`` and SDPA's checks would ask).
+    """
+    kv, d = w.kv_heads, w.head_dim
+    rows, group, span = q.shape[0], w.heads // kv, mask.shape[1]
+    if isinstance(slots, slice):  # eager: consecutive rows, one copy each, one attention kernel
+        keys[index, slots] = k
+        values[index, slots] = v
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],
+            keys[index, :span].transpose(0, 1)[None],
+            values[index, :span].transpose(0, 1)[None],
+            attn_mask=mask,
+            enable_gqa=group > 1,
+        )
+        return out[0].transpose(0, 1).reshape(rows, w.heads * d)
+    at = (torch.full_like(slots, index), slots)  # indexed on the cache itself: through a view of it, a graph
+    keys.index_put_(at, k)  # would copy the whole cache for every layer
+    values.index_put_(at, v)
+    cached_k = keys[index].narrow(0, 0, span).transpose(0, 1)  # [kv, span, d]
+    cached_v = values[index].narrow(0, 0, span).transpose(0, 1)
+    grouped = _copy(q.transpose(0, 1)).view(kv, group * rows, d) * d**-0.5  # heads h = kv x group
+    scores = torch.bmm(grouped, cached_k.transpose(1, 2))  # [kv, group * rows, span]
+    weights = torch.softmax((scores + mask).to(torch.float32 if w.wide else w.dtype), dim=-1).to(w.dtype)
+    out = torch.bmm(weights, cached_v)
+    return _copy(out.view(kv, group, rows, d).permute(2, 0, 1, 3)).view(rows, kv * group * d)
+
+
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy, made whatever ``x``'s layout (``contiguous()`` would ask whether one is needed)."""
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def eager_mask(attention: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive ``[R, length + R]`` mask of a call: every cached row, the new rows as ``attention``."""
+    rows = attention.shape[0]
+    mask = torch.zeros(rows, length + rows, dtype=dtype, device=attention.device)
+    mask[:, length:].masked_fill_(~attention, float("-inf"))
+    return mask
+
+
+def graph_mask(
+    attention: torch.Tensor, length: torch.Tensor, span: torch.Tensor, group: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """:func:`eager_mask` over the cache rows ``span`` (``0, 1, ...``) with ``length`` a 0-d tensor (in graphs).
+
+    Rows below ``length`` are visible, the new rows at ``length ..`` as ``attention`` says, the rest not.
+    """
+    rows = attention.shape[0]
+    offset = span - length  # the new row a column holds, where 0 <= offset < rows
+    # own[r, c] = attention[r, offset[c]] as a product with a one-hot [rows, span] matrix: one kernel per call,
+    # where a gather would be inlined into every layer's softmax
+    holds = (offset[None, :] == torch.arange(rows, device=span.device)[:, None]).to(dtype)
+    own = torch.mm(attention.to(dtype), holds) > 0.5
+    zero = torch.zeros((), dtype=dtype, device=span.device)
+    blocked = torch.tensor(float("-inf"), dtype=dtype, device=span.device)
+    return torch.where((span < length) | own, zero, blocked).repeat(group, 1)
+
+
+def graph_call(
+    w: Weights,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention: torch.Tensor,
+    length: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    span: torch.Tensor,
+    adapter_rows: torch.Tensor | None,
+) -> tuple[torch.Tensor]:
+    """:func:`step` for one call as ``torch.compile`` traces it: ``length`` a 0-d tensor, attention over ``span``.
+
+    Returns the normalised hidden states of all rows (as a 1-tuple).
+    """
+    rows = input_ids.shape[0]
+    mask = graph_mask(attention, length, span, w.heads // w.kv_heads, w.dtype)
+    slots = length + torch.arange(rows, device=input_ids.device)
+    return (step(w, input_ids, position_ids, [(keys, values, mask, slots)], adapter_rows),)
+
+
+# -- the eager runner ---------------------------------------------------------------------------------------
+class Forward:
+    """The inference forward of a loaded network: its :class:`Weights`, rebuilt when they go stale.
+
+    Args:
+        network: The loaded network (:func:`fuse` is applied here).
+        rotary: The backend's rotary embedding.
+        query_scale: ``(beta, length)`` of the Llama-4 query scaling (beta 0 disables it).
+        kernel: Makes each projection (:class:`Linear`, or :func:`specframe.models.cpu.kernel`).
+    """
+
+    def __init__(
+        self, network: nn.Module, rotary: RotaryEmbedding, query_scale: tuple[float, int], kernel: Kernel = Linear
+    ) -> None:
+        self.network = network
+        dims = network.config.dims
+        dtype = rotary.dtype
+        self.tables = RopeTables(rotary, dims.max_positions, query_scale[0], query_scale[1], dtype)
+        self.kernel = kernel
+        self._sizes = (dims.num_heads, dims.num_kv_heads, dims.head_dim, dims.rms_norm_eps)
+        self.dtype = dtype
+        if not hasattr(network.body.layers[0].self_attn, "qkv_weight"):
+            fuse(network)
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Rebuild the weights (after an adapter is attached or a weight with a derived copy changed)."""
+        body, kernel = self.network.body, self.kernel
+        layers = []
+        for layer in body.layers:
+            attn, mlp, lora = layer.self_attn, layer.mlp, layer.self_attn.o_lora
+            qk_norm = None
+            if attn.q_norm is not None and attn.k_norm is not None:
+                heads, kv_heads = self._sizes[:2]
+                qk_norm = torch.cat([attn.q_norm.weight.expand(heads, -1), attn.k_norm.weight.expand(kv_heads, -1)])
+            layers.append(
+                LayerWeights(
+                    input_norm=layer.input_layernorm.weight.detach(),
+                    post_norm=layer.post_attention_layernorm.weight.detach(),
+                    qkv=kernel(attn.qkv_weight),
+                    o=kernel(attn.o_proj.weight.detach()),
+                    gate_up=kernel(mlp.gate_up_weight),
+                    down=kernel(mlp.down_proj.weight.detach()),
+                    qk_norm=qk_norm,
+                    lora=None if lora is None else (lora.lora_A.detach(), lora.lora_B.detach(), float(lora.scale)),
+                )
+            )
+        head = body.embed_tokens.weight if self.network.head is None else self.network.head.weight
+        heads, kv_heads, head_dim, eps = self._sizes
+        self.weights = Weights(
+            embed=body.embed_tokens.weight.detach(),
+            layers=layers,
+            final_norm=body.norm.weight.detach(),
+            head=kernel(head.detach()),
+            tables=self.tables,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            eps=eps,
+            wide=self.dtype in (torch.float16, torch.bfloat16),
+            dtype=self.dtype,
+        )
+        # read before every call: the attention modules (adapters) and the tensors something was copied from
+        # (qk-norm weights, matrices with a CPU copy); fused matrices and views are read in place
+        self._attention = [layer.self_attn for layer in body.layers]
+        self._copied = [t for a in self._attention if a.q_norm is not None for t in (a.q_norm.weight, a.k_norm.weight)]
+        self._copied += [p.weight for x in layers for p in (x.qkv, x.o, x.gate_up, x.down) if type(p) is not Linear]
+        self._copied += [] if type(self.weights.head) is Linear else [self.weights.head.weight]
+        self._state = self._fingerprint()
+        self.has_lora = any(layer.lora is not None for layer in layers)
+
+    def _fingerprint(self) -> tuple[list, list[int]]:
+        """What the weights were built from beyond shared storage: adapters, copied tensors' versions."""
+        return [a.o_lora for a in self._attention], [t._version for t in self._copied]
+
+    def stale(self) -> bool:
+        """Whether an adapter changed or a copied weight was edited in place since the weights were built."""
+        lora, versions = self._state
+        return any(a.o_lora is not b for a, b in zip(self._attention, lora, strict=True)) or versions != [
+            t._version for t in self._copied
+        ]
+
+    def run(self, batch: Sequence[tuple[KVCache, ModelCall]]) -> list[torch.Tensor]:
+        """Logits of each ``(cache, call)``: one :func:`step` over all calls' rows, attention per request.
+
+        Each call's rows are staged in its cache (see :meth:`KVCache.commit`).
+        """
+        if self.stale():
+            self.refresh()
+        w, calls = self.weights, [call for _, call in batch]
+        segments, counts, offsets, start = [], [], [], 0
+        for cache, call in batch:
+            rows = call.input_ids.shape[0]
+            cache.reserve(rows)
+            mask = eager_mask(call.attention, cache.length, w.dtype)
+            segments.append((cache.keys, cache.values, mask, slice(cache.length, cache.length + rows)))
+            counts.append(rows if call.output_rows is None else call.output_rows.shape[0])
+            offsets.append(start)
+            start += rows
+        adapter = output_rows = None
+        if self.has_lora and any(call.adapter_rows is not None for call in calls):
+            adapter = _cat([_or(call.adapter_rows, torch.zeros, call, dtype=torch.bool) for call in calls])
+        if len(calls) == 1:
+            output_rows = calls[0].output_rows
+        elif any(call.output_rows is not None for call in calls):
+            output_rows = torch.cat(
+                [_or(call.output_rows, torch.arange, call) + at for call, at in zip(calls, offsets, strict=True)]
+            )
+        ids, positions = _cat([c.input_ids for c in calls]), _cat([c.position_ids for c in calls])
+        logits = w.head(step(w, ids, positions, segments, adapter, output_rows))
+        return [logits] if len(calls) == 1 else list(logits.split(counts))
+
+
+def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:
+    return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
+
+
+def _or(given: torch.Tensor | None, make: Callable, call: ModelCall, **options: object) -> torch.Tensor:
+    """``given``, or ``make(rows)`` for the call's rows (the default of an optional row tensor)."""
+    return given if given is not None else make(call.input_ids.shape[0], device=call.input_ids.device, **options)

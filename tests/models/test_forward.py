@@ -1,0 +1,303 @@
+"""The inference forward (models/forward.py) equals the network's own modules, batches requests exactly,
+shares the network's weights, follows edits, and picks its CPU kernels as models/cpu.py says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from oracles import network_logits
+from specframe.errors import InputError
+from specframe.models import load_model
+from specframe.models.base import ModelBackend, ModelCall
+from specframe.models.compiled import GRAPH
+from specframe.models.cpu import (
+    PACK_MIN_ELEMENTS,
+    PACKED_MIN_ROWS,
+    TRANSPOSED_SKIP_ROWS,
+    Prepacked,
+    Transposed,
+    onednn_available,
+)
+from specframe.models.forward import Linear
+
+ROWS = 9
+OUTPUT = [0, 4, 8, 2]
+
+
+def _inputs(model):
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, model.vocab_size, (7 + ROWS,), generator=generator)
+    positions = torch.arange(7 + ROWS) + 60  # crosses the Llama-4 scaling step of the test checkpoints (64)
+    attention = torch.ones(ROWS, ROWS, dtype=torch.bool).tril()
+    attention[5:, 5:] = True
+    return ids, positions, attention
+
+
+def _two_calls(model, adapter_rows=None):
+    """A 7-row causal prefill, then a call mixing causal rows and a bidirectional block; both calls' logits."""
+    ids, positions, attention = _inputs(model)
+    cache = model.new_cache(32)
+    first = model.forward(cache, ModelCall(ids[:7], positions[:7], torch.ones(7, 7, dtype=torch.bool).tril()))
+    cache.commit(list(range(7)))
+    second = model.forward(
+        cache,
+        ModelCall(ids[7:], positions[7:], attention, output_rows=torch.tensor(OUTPUT), adapter_rows=adapter_rows),
+    )
+    return first, second
+
+
+def _reference(model, adapter_rows=None):
+    """The same two calls' logits from the network's own modules over the whole sequence (tests/oracles.py)."""
+    ids, positions, attention = _inputs(model)
+    mask = torch.ones(7 + ROWS, 7 + ROWS, dtype=torch.bool).tril()
+    mask[7:, 7:] = attention
+    adapter = None if adapter_rows is None else torch.cat([torch.zeros(7, dtype=torch.bool), adapter_rows])
+    logits = network_logits(model, ids, positions, mask, adapter)
+    return logits[:7], logits[7:][OUTPUT]
+
+
+def _paths(model, adapter_rows=None):
+    return _reference(model, adapter_rows), _two_calls(model, adapter_rows)
+
+
+def test_eager_path_equals_reference_path_in_float64(model64):
+    reference, eager = _paths(model64)
+    for ref, got in zip(reference, eager, strict=True):
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-11)
+
+
+def test_eager_path_equals_reference_with_adapter_rows(nemotron_dir):
+    adapted = load_model(nemotron_dir, dtype="float64", adapter=True)
+    rows = torch.tensor([False] * 5 + [True] * 4)
+    reference, eager = _paths(adapted, rows)
+    torch.testing.assert_close(eager[1], reference[1], rtol=0, atol=1e-11)
+    _, plain = _paths(adapted, None)
+    assert not torch.allclose(eager[1][1:3], plain[1][1:3])  # the adapter did act on the block rows
+
+
+def test_fused_weights_are_shared_and_in_place_edits_are_seen(nemotron_dir):
+    model = load_model(nemotron_dir, dtype="float64")
+    attn = model.network.body.layers[0].self_attn
+    assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.qkv_weight.untyped_storage().data_ptr()
+    before = _two_calls(model)[1]
+    with torch.no_grad():
+        attn.k_proj.weight.mul_(1.5)
+        model.network.body.layers[1].mlp.down_proj.weight.mul_(0.5)
+    after_eager = _two_calls(model)[1]
+    after_reference = _reference(model)[1]
+    assert not torch.allclose(after_eager, before)
+    torch.testing.assert_close(after_eager, after_reference, rtol=0, atol=1e-11)
+
+
+def test_float32_paths_agree(setdlm_dir):
+    model = load_model(setdlm_dir, dtype="float32")
+    reference, eager = _paths(model)
+    for ref, got in zip(reference, eager, strict=True):
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_projection_uses_prepacked_kernel_where_it_wins_and_agrees_with_f_linear(dtype):
+    generator = torch.Generator().manual_seed(0)
+    big = torch.randn(PACK_MIN_ELEMENTS // 256, 256, generator=generator).to(dtype)
+    small = torch.randn(64, 256, generator=generator).to(dtype)
+    big_projection, small_projection = Prepacked(big), (Transposed if dtype == torch.float32 else Prepacked)(small)
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    for rows in (1, PACKED_MIN_ROWS, 18):
+        x = torch.randn(rows, 256, generator=generator).to(dtype)
+        for projection, weight in ((big_projection, big), (small_projection, small)):
+            expected = F.linear(x.double(), weight.double())
+            got = projection(x).double()
+            torch.testing.assert_close(got, expected, rtol=tolerance, atol=tolerance * expected.abs().max().item())
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+def test_small_float32_matrices_use_their_transposed_copy_and_agree_with_f_linear():
+    generator = torch.Generator().manual_seed(1)
+    weight = torch.randn(96, 256, generator=generator)
+    projection = Transposed(weight)
+    assert projection.transposed.is_contiguous() and torch.equal(projection.transposed, weight.t())
+    for rows in (1, *TRANSPOSED_SKIP_ROWS, 4, 18):
+        x = torch.randn(rows, 256, generator=generator)
+        torch.testing.assert_close(projection(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+def test_float32_eager_path_follows_in_place_edits_of_small_matrices(nemotron_dir):
+    model = load_model(nemotron_dir, dtype="float32")
+    assert isinstance(model.inference.weights.layers[0].o, Transposed)  # the test checkpoint's matrices are small
+    before = _two_calls(model)[1]
+    with torch.no_grad():
+        model.network.body.layers[0].self_attn.o_proj.weight.mul_(-1.0)
+    after = _two_calls(model)[1]
+    torch.testing.assert_close(after, _reference(model)[1], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(after, before, atol=1e-3)
+
+
+def test_kernels_are_chosen_by_dtype_and_size_and_the_switch_turns_them_off(nemotron_dir, setdlm_dir, monkeypatch):
+    def kinds(model):
+        return {type(getattr(layer, n)) for layer in model.inference.weights.layers for n in ("qkv", "o", "down")}
+
+    assert kinds(load_model(nemotron_dir, dtype="float64")) == {Linear}  # oneDNN has no float64 kernel
+    if onednn_available():
+        assert kinds(load_model(nemotron_dir, dtype="float32")) == {Transposed}  # small float32 matrices
+        assert kinds(load_model(setdlm_dir, dtype="bfloat16")) == {Prepacked}  # bfloat16: every matrix
+    off = load_model(nemotron_dir, dtype="float32", cpu_tuning=False)
+    assert kinds(off) == {Linear} and not off.cpu_tuning
+    monkeypatch.setenv("SPECFRAME_CPU_TUNING", "0")
+    assert kinds(load_model(nemotron_dir, dtype="float32")) == {Linear}
+    torch.testing.assert_close(_two_calls(off)[1], _reference(off)[1], rtol=1e-4, atol=1e-4)
+
+
+# --- forward_many: one pass over several requests' rows --------------------------------------------------
+def _request(model, seed: int, cached: int, rows: int, adapter: bool, select: bool):
+    """A request with ``cached`` committed rows and its next call of ``rows`` rows (random mask, ids)."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.vocab_size, (cached + rows,), generator=generator)
+    positions = torch.arange(cached + rows)
+    cache = model.new_cache(cached + rows + 1)
+    if cached:
+        model.forward(cache, ModelCall(ids[:cached], positions[:cached], torch.ones(cached, cached).bool().tril()))
+        cache.commit(list(range(cached)))
+    attention = (torch.rand(rows, rows, generator=generator) < 0.5) | torch.eye(rows, dtype=torch.bool)
+    adapter_rows = (torch.rand(rows, generator=generator) < 0.5) if adapter else None
+    output_rows = torch.randperm(rows, generator=generator)[: max(1, rows // 2)] if select else None
+    return cache, ModelCall(ids[cached:], positions[cached:], attention, output_rows, adapter_rows)
+
+
+def _copy(cache):
+    twin = type(cache).__new__(type(cache))
+    twin.__dict__.update(cache.__dict__)
+    twin.keys, twin.values, twin.positions = cache.keys.clone(), cache.values.clone(), list(cache.positions)
+    return twin
+
+
+@pytest.mark.parametrize("family", ["nemotron", "setdlm"])
+def test_forward_many_equals_separate_forwards_in_float64(family, nemotron_dir, setdlm_dir):
+    """Equal to float64 rounding: BLAS products of 5 rows and of 50 round differently in the last bits (row
+    tiles), exactly as a forward of 5 rows and one of 50 already did; no greedy choice depends on it."""
+    model = load_model(
+        nemotron_dir if family == "nemotron" else setdlm_dir, dtype="float64", adapter=family == "nemotron"
+    )
+    shapes = [
+        (7, 1, False, False),
+        (0, 5, True, True),
+        (12, 9, True, False),
+        (3, 2, False, True),
+        (20, 34, False, True),
+    ]
+    batch = [_request(model, seed, *shape) for seed, shape in enumerate(shapes)]
+    alone = [_copy(cache) for cache, _ in batch]
+    expected = [model.forward(cache, call) for cache, (_, call) in zip(alone, batch, strict=True)]
+    got = model.forward_many(batch)
+    for (cache, call), twin, logits, want in zip(batch, alone, got, expected, strict=True):
+        torch.testing.assert_close(logits, want, rtol=0, atol=1e-12)
+        assert torch.equal(logits.argmax(-1), want.argmax(-1))
+        rows = call.input_ids.shape[0]
+        end = cache.length + rows
+        assert cache.staged == rows and cache.length == twin.length
+        torch.testing.assert_close(cache.keys[:, :end], twin.keys[:, :end], rtol=0, atol=1e-12)
+        torch.testing.assert_close(cache.values[:, :end], twin.values[:, :end], rtol=0, atol=1e-12)
+    assert model.forward_many([]) == []
+
+
+def test_forward_many_refuses_a_shared_cache_and_names_the_bad_item(nemotron64):
+    one = _request(nemotron64, 1, 3, 2, False, False)
+    with pytest.raises(InputError, match="same cache twice"):
+        nemotron64.forward_many([one, (one[0], one[1])])
+    cache, call = _request(nemotron64, 2, 3, 2, False, False)
+    bad = ModelCall(call.input_ids, call.position_ids, call.attention[:1])
+    with pytest.raises(InputError, match="batch item 1: attention must be"):
+        nemotron64.forward_many([one, (cache, bad)])
+
+
+def test_the_default_forward_many_runs_forward_per_item():
+    class Counting(ModelBackend):
+        def forward(self, cache, call):
+            return call.input_ids.double()
+
+    calls = [ModelCall(torch.tensor([i, i]), torch.arange(2), torch.ones(2, 2).bool()) for i in range(3)]
+    out = Counting().forward_many([(None, call) for call in calls])
+    assert [o.tolist() for o in out] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0]]
+
+
+def test_a_call_that_does_not_fit_in_the_cache_is_refused(nemotron64):
+    cache = nemotron64.new_cache(4)
+    with pytest.raises(InputError, match="does not fit in the KV cache"):
+        nemotron64.forward(cache, ModelCall(torch.arange(5), torch.arange(5), torch.ones(5, 5).bool().tril()))
+
+
+# --- the compiled path's graphs (aot_eager: the same traced graphs, no code generation) --------------------
+@pytest.fixture
+def compile_at_once(monkeypatch):
+    from specframe.models import compiled
+
+    monkeypatch.setattr(compiled, "COMPILE_AFTER", 1)
+
+
+def _compiled(model):
+    model.enable_compiled(backend="aot_eager")
+    return model
+
+
+def test_compiled_graphs_equal_reference_with_adapter_rows(nemotron_dir, compile_at_once):
+    adapted = _compiled(load_model(nemotron_dir, dtype="float64", adapter=True))
+    rows = torch.tensor([False] * 5 + [True] * 4)
+    graphs = _two_calls(adapted, rows)
+    assert adapted.compiled.graph_calls == 1  # the prompt ran eagerly, the second call as a graph
+    reference = _reference(adapted, rows)
+    torch.testing.assert_close(graphs[1], reference[1], rtol=0, atol=1e-11)
+
+
+def test_compiled_graphs_follow_in_place_edits(nemotron_dir, compile_at_once):
+    model = _compiled(load_model(nemotron_dir, dtype="float64"))
+    before = _two_calls(model)[1]
+    with torch.no_grad():
+        model.network.body.layers[1].mlp.down_proj.weight.mul_(0.5)
+    after = _two_calls(model)[1]
+    torch.testing.assert_close(after, _reference(model)[1], rtol=0, atol=1e-11)
+    assert not torch.allclose(after, before)
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+def test_compiled_graphs_use_the_prepacked_kernels_in_bfloat16(setdlm_dir, compile_at_once):
+    reference = load_model(setdlm_dir, dtype="float64")
+    exact = _two_calls(reference)[1].float()
+    model = load_model(setdlm_dir, dtype="bfloat16")
+    assert all(isinstance(layer.qkv, Prepacked) for layer in model.inference.weights.layers)
+    eager = _two_calls(model)[1]
+    _compiled(model)
+    graphs = _two_calls(model)[1]
+    assert model.compiled.graph_calls == 1
+    weights = model.compiled.graphs[GRAPH].args[0]  # the weights the graph was traced with
+    assert all(type(layer.o).__name__ == "_GraphPrepacked" for layer in weights.layers)
+    # bfloat16 rounds differently in the two attention formulations: as close to float64 as the eager path
+    assert (graphs - exact).abs().max() <= 2 * (eager - exact).abs().max()
+
+
+@pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
+def test_compiled_graphs_multiply_small_float32_matrices_by_their_transposed_copies(nemotron_dir, compile_at_once):
+    model = load_model(nemotron_dir, dtype="float32")
+    eager = _two_calls(model)[1]
+    _compiled(model)
+    graphs = _two_calls(model)[1]
+    assert model.compiled.graph_calls == 1
+    weights = model.compiled.graphs[GRAPH].args[0]
+    for layer, eager_layer in zip(weights.layers, model.inference.weights.layers, strict=True):
+        for name in ("qkv", "o", "gate_up", "down"):  # the graph multiplies by the eager path's copies
+            assert getattr(layer, name).transposed is getattr(eager_layer, name).transposed
+    torch.testing.assert_close(graphs, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_graphs_follow_an_edit_first_seen_by_forward_many(nemotron_dir, compile_at_once):
+    model = _compiled(load_model(nemotron_dir, dtype="float32"))  # small float32 matrices: transposed copies
+    _two_calls(model)
+    assert model.compiled.graph_calls == 1
+    with torch.no_grad():
+        model.network.body.layers[0].self_attn.o_proj.weight.mul_(-1.0)
+    model.forward_many([_request(model, 3, 0, 2, False, False)])  # the eager batch path refreshes the weights
+    after = _two_calls(model)[1]
+    assert model.compiled.graph_calls == 2  # a new graph, on the new weights
+    torch.testing.assert_close(after, _reference(model)[1], rtol=1e-4, atol=1e-4)
