@@ -34,6 +34,7 @@ from specframe.schedules.ar import ARSchedule
 from specframe.schedules.linear import LinearSchedule
 from specframe.schedules.packed import PackedSchedule
 from specframe.schedules.quadratic import QuadraticSchedule
+from specframe.ledger import CacheLedger
 from specframe.state import DecodeContext, DecodeState
 
 WIDTH = 4
@@ -76,10 +77,12 @@ def make_state(
     """
     ctx = DecodeContext(width=WIDTH, order=order or LeftToRight(), rule=GreedyAcceptance(), traits=builder_traits)
     state = DecodeState([token_id("prompt", p) for p in range(PROMPT_LENGTH)], 64, ctx)
+    ledger = CacheLedger(state)
+    ledger.cached.update(range(cached))
     if accepted:
-        state.accept([(p, token_id("accepted", p)) for p in range(PROMPT_LENGTH, PROMPT_LENGTH + accepted)])
+        ledger.accept([(p, token_id("accepted", p)) for p in range(PROMPT_LENGTH, PROMPT_LENGTH + accepted)])
         state.calls = accepted
-    state.mark_cached(range(cached))
+    state.pending = ledger.pending
     if drafts:
         positions = sorted(drafts)
         proposals = Proposals(

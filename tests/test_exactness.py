@@ -22,7 +22,9 @@ from decoding_helpers import (
     tiny_model,
 )
 from specframe import compose
+from specframe.acceptance.base import Verdict
 from specframe.errors import ConfigError
+from specframe.ledger import Guess, outcome_pairs
 from specframe.schedules.base import Schedule
 
 VOCAB = 24
@@ -107,20 +109,11 @@ class Recorder(Schedule):
 
     def update(self, state, plan, result):
         context = [(p, state.token_at(p)) for p in state.generation_order()]
-        accepted: list[tuple[int, int]] = []
-        accept = state.accept
-
-        def recording_accept(pairs):  # before EOS / stop pruning, as the serial reference generates them
-            accepted.extend((p, t) for p, t in pairs if p <= state.end)
-            return accept(pairs)
-
-        state.accept = recording_accept
-        try:
-            drafts_accepted = self.inner.update(state, plan, result)
-        finally:
-            del state.accept
+        outcome = self.inner.update(state, plan, result)
+        # before EOS / stop pruning, as the serial reference generates them
+        accepted = [(p, t) for p, t in outcome_pairs(plan, outcome) if p <= state.end]
         self.calls.append((context, accepted))
-        return drafts_accepted
+        return outcome
 
 
 @slow_ok(60)
@@ -214,8 +207,8 @@ def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("schedule", ["ar", "native", *SPECULATIVE], ids=str)
-def test_update_returns_the_accepted_drafts_of_its_call(models, family, schedule):
-    """``Schedule.update`` reports the draft tokens it accepted, which is what the decoder keeps cached."""
+def test_update_returns_the_verdict_of_its_call(models, family, schedule):
+    """``Schedule.update`` returns its call's verdict (a guess for ``native``), which the ledger records once."""
     # A fixed cost model: with the machine's own, "auto" may pick plain AR calls and accept no drafts.
     config = {"model": models[family], "schedule": schedule, "max_new_tokens": 16, "cost": SYNTHETIC_COST}
     config["width"] = "auto" if schedule == "ar" else 4  # ar takes no width
@@ -224,17 +217,23 @@ def test_update_returns_the_accepted_drafts_of_its_call(models, family, schedule
     seen = []
 
     def checked(state, plan, result):
-        before = len(state.verifications)
         returned = update(state, plan, result)
-        recorded = state.verifications[before:]
-        seen.append((returned, sum(v.accepted for v in recorded), len(recorded) <= 1))
+        if schedule == "native" and plan.num_verify == 0:
+            assert isinstance(returned, Guess) and returned.pairs
+        elif plan.num_verify:
+            assert isinstance(returned, Verdict) and 0 <= returned.accepted <= len(plan.chain)
+            seen.append(returned.accepted)
+        else:
+            assert returned is None
         return returned
 
     decoder.schedule.update = checked
+    accepted = 0
     with eos_ids(models[family], ()):
         for seed in range(3):
-            decoder.generate(prompt_ids=[(seed * 5 + i) % EOS for i in range(1 + seed)])
-    assert seen and all(one for _, _, one in seen)
-    assert all(returned == accepted for returned, accepted, _ in seen)
+            result = decoder.generate(prompt_ids=[(seed * 5 + i) % EOS for i in range(1 + seed)])
+            assert result.metrics.accepted_tokens == sum(seen)  # the ledger recorded each verdict once
+            accepted += sum(seen)
+            seen.clear()
     if schedule not in ("ar", "native"):
-        assert any(returned for returned, _, _ in seen)  # drafts were accepted, so the check has teeth
+        assert accepted  # drafts were accepted, so the check has teeth

@@ -14,7 +14,7 @@ import torch
 
 from specframe.errors import InputError
 from specframe.models.cache import KVCache
-from specframe.models.calls import ModelCall
+from specframe.models.calls import ModelCall, caller_checked
 
 
 class TextTokenizer(Protocol):
@@ -103,6 +103,25 @@ class ModelBackend:
             ``[K, vocab_size]`` logits.
         """
         return self.evaluate(ModelCall(cache, input_ids, position_ids, attention, output_rows, adapter_rows))
+
+    def forward_many(self, batch: Sequence[tuple[KVCache, Any]]) -> list[torch.Tensor]:
+        """Evaluate several requests' calls in one step, each against its own cache (for batched decoding).
+
+        Item ``i`` is a request's cache and its call (a record with ``input_ids``, ``position_ids``,
+        ``attention``, ``output_rows``, ``adapter_rows`` and ``checked``, such as a
+        :class:`~specframe.plan.PhysicalCall`); output ``i`` must equal :meth:`forward` of that item alone.
+        This default runs :meth:`forward` once per item; a backend may override it with one pass over all
+        items' rows (attention never crossing requests).
+        """
+        outputs = []
+        for cache, call in batch:
+            with caller_checked(call.checked):
+                outputs.append(
+                    self.forward(
+                        cache, call.input_ids, call.position_ids, call.attention, call.output_rows, call.adapter_rows
+                    )
+                )
+        return outputs
 
     def evaluate(self, call: ModelCall) -> torch.Tensor:
         """:meth:`forward` with its arguments as one record; override this or :meth:`forward`.

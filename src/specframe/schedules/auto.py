@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import torch
 
-from specframe.acceptance.base import DraftRef, Proposals
+from specframe.acceptance.base import DraftRef, Proposals, Verdict
 from specframe.choice.rates import Candidate, best, steady_state
 from specframe.choice.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTokens
 from specframe.costs import CostModel
@@ -108,11 +108,11 @@ class DraftlessCall(Schedule):
             return CallPlan(pending=state.pending, order=(position,), chain=(), num_verify=1, drafts=(), width=0)
         return window_plan(state, verification_window(state), (), width=0)
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """Accept what the verifier decides and drop the rest of the stored draft."""
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
+        """The verifier's verdict; drop the rest of the stored draft."""
         verdict = verify_planned_chain(state, plan, result)
         store_drafts(state, (), None)
-        return verdict.accepted
+        return verdict
 
 
 class AutoSchedule(Schedule):
@@ -287,19 +287,20 @@ class AutoSchedule(Schedule):
         state.width = 1
         return self._schedules["ar"].plan(state)
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """Let the planning schedule apply the result; learn from the verification and the new draft."""
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict | None:
+        """Let the planning schedule judge the result; learn from the verification and the new draft."""
         if not plan.chain and self._current.kind == "ar":  # a plain AR call: nothing to learn, nothing stored
-            accepted = verify_planned_chain(state, plan, result).accepted
+            verdict = verify_planned_chain(state, plan, result)
             if state.drafts or state.scores:
                 state.set_drafts({}, {})
             if self._offsets:
                 self._offsets = {}
             self._since_refresh += 1
             self._since_scan += 1
-            return accepted
+            return verdict
         chain = [self._offsets.get(p) for p in plan.chain_positions]
-        accepted = self._schedules[self._current.kind].update(state, plan, result)
+        verdict = self._schedules[self._current.kind].update(state, plan, result)
+        accepted = 0 if verdict is None else verdict.accepted
         known = []
         for entry in chain:
             if entry is None:
@@ -313,7 +314,7 @@ class AutoSchedule(Schedule):
         self._offsets = _draft_offsets(state, plan)
         self._since_refresh += 1
         self._since_scan += 1
-        return accepted
+        return verdict
 
     # -- choosing ----------------------------------------------------------------------------------------
     def _start_request(self, state: DecodeState) -> None:
@@ -559,7 +560,7 @@ class AutoSchedule(Schedule):
         """The plan ``kind`` makes mid-request: one pending token, ``kappa`` stored drafts after it."""
         ctx = self._synthetic
         state = DecodeState((0, 0), 4 * (ctx.width + 2), ctx)
-        state.mark_cached([0])
+        state.pending = ((1, 0),)  # the prompt's first token is cached
         state.calls = 1
         state.width = max(width, 1)
         if kappa:
