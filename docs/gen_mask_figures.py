@@ -25,6 +25,7 @@ import torch
 
 from specframe.acceptance.base import DraftRef, Proposals
 from specframe.acceptance.greedy import GreedyAcceptance
+from specframe.ledger import CacheLedger
 from specframe.masks.nemotron import NemotronMaskBuilder
 from specframe.masks.setdlm import SetDLMMaskBuilder
 from specframe.orders.confidence import ConfidenceOrder
@@ -34,7 +35,6 @@ from specframe.schedules.ar import ARSchedule
 from specframe.schedules.linear import LinearSchedule
 from specframe.schedules.packed import PackedSchedule
 from specframe.schedules.quadratic import QuadraticSchedule
-from specframe.ledger import CacheLedger
 from specframe.state import DecodeContext, DecodeState
 
 WIDTH = 4
