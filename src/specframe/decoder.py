@@ -469,7 +469,7 @@ class Stepper:
         state: The request's decoding state.
         schedule: The schedule planning this request.
         cache: The request's KV cache (allocated by the first :meth:`prepare`).
-        ledger: The request's :class:`~specframe.ledger.CacheLedger` (with the cache).
+        ledger: The request's :class:`~specframe.ledger.CacheLedger` (which gets the cache with it).
         metrics: What the request has cost so far.
     """
 
@@ -477,7 +477,7 @@ class Stepper:
         self.decoder, self.state, self.schedule = decoder, state, schedule
         self.metrics = Metrics()
         self.cache: KVCache | None = None
-        self.ledger: CacheLedger | None = None
+        self.ledger = CacheLedger(state)
         self._plan: CallPlan | None = None
         self._call: PhysicalCall | None = None
         # Each call resolves at least one position or is a drafting-only call followed by one that does;
@@ -504,8 +504,7 @@ class Stepper:
                 # Staging room for the largest call: a window never spans more positions than the output.
                 builder, width = self.decoder.builder, min(state.ctx.width, state.max_new_tokens)
                 capacity = len(state.prompt) + state.max_new_tokens + builder.max_rows(width, 0)
-                self.cache = self.decoder.model.new_cache(capacity)
-                self.ledger = CacheLedger(state, self.cache)
+                self.cache = self.ledger.cache = self.decoder.model.new_cache(capacity)
             if self.metrics.nfe >= self._budget:
                 raise RuntimeError(f"schedule {schedule.name!r} made no progress after {self.metrics.nfe} calls")
             plan = schedule.plan(state)

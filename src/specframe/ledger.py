@@ -100,7 +100,7 @@ class CacheLedger:
         problem = _outcome_problem(schedule, plan, outcome)
         if problem:
             raise contract_error(schedule, "schedule", problem)
-        kept = self.accept(outcome_pairs(plan, outcome))
+        kept = self._accept(outcome_pairs(plan, outcome))
         if isinstance(outcome, Verdict):
             self.state.record(drafted=len(plan.chain), accepted=outcome.accepted, appended=kept)
         elif isinstance(outcome, Guess):
@@ -122,6 +122,11 @@ class CacheLedger:
         Returns:
             How many of ``pairs`` are kept.
         """
+        kept = self._accept(pairs)
+        self._publish()
+        return kept
+
+    def _accept(self, pairs: Sequence[tuple[int, int]]) -> int:
         state = self.state
         new: list[int] = []
         tokens, eos, end, start = state.tokens, state.ctx.eos_token_ids, state.end, state.start
@@ -146,9 +151,7 @@ class CacheLedger:
             state.scores.pop(position, None)
         if state.end < end:  # tokens beyond ``end`` exist only if this call moved it
             self._prune_beyond_end()
-            self._publish()
             return sum(1 for p in new if p in tokens)
-        self._publish()
         return len(new)
 
     def commit(self, call: PhysicalCall, drafts_accepted: int) -> None:
