@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from decoding_helpers import NEMOTRON, SETDLM, tiny_model
+from decoding_helpers import NEMOTRON, SETDLM, eos_ids, tiny_model
 from specframe import compose
 from specframe.acceptance.greedy import GreedyAcceptance
 from specframe.acceptance.rejection import RejectionSampling
@@ -230,3 +230,11 @@ def test_a_sampling_rule_without_the_stochastic_flag_is_reproduced_by_its_seed(m
     again = [decoder.generate(prompt_ids=[1, 2], seed=seed).output_ids for seed in range(4)]
     assert first == again
     assert len({tuple(ids) for ids in first}) > 1  # it does sample: the seeds give different outputs
+
+
+@pytest.mark.parametrize("schedule", ["fails-later", "commits-one-more", "update-none"])
+def test_a_broken_plugin_is_named_in_a_batch_too(model, schedule):
+    """Each request of a batch plans with its own copy of the schedule, which is still blamed on its plugin."""
+    decoder = compose({"model": model, "schedule": schedule, "width": 3, "max_new_tokens": 30})
+    with eos_ids(model, ()), pytest.raises(PluginError, match=f"schedule '{schedule}' \\(plugin 'contract_breakers'"):
+        decoder.generate_many([[3, 4, 5], [6, 7]], max_batch=2)
