@@ -25,6 +25,7 @@ import torch
 
 from specframe.acceptance.base import DraftRef, Proposals
 from specframe.acceptance.greedy import GreedyAcceptance
+from specframe.ledger import CacheLedger
 from specframe.masks.nemotron import NemotronMaskBuilder
 from specframe.masks.setdlm import SetDLMMaskBuilder
 from specframe.orders.confidence import ConfidenceOrder
@@ -76,10 +77,12 @@ def make_state(
     """
     ctx = DecodeContext(width=WIDTH, order=order or LeftToRight(), rule=GreedyAcceptance(), traits=builder_traits)
     state = DecodeState([token_id("prompt", p) for p in range(PROMPT_LENGTH)], 64, ctx)
+    ledger = CacheLedger(state)
+    ledger.cached.update(range(cached))
     if accepted:
-        state.accept([(p, token_id("accepted", p)) for p in range(PROMPT_LENGTH, PROMPT_LENGTH + accepted)])
+        ledger.accept([(p, token_id("accepted", p)) for p in range(PROMPT_LENGTH, PROMPT_LENGTH + accepted)])
         state.calls = accepted
-    state.mark_cached(range(cached))
+    state.pending = ledger.pending
     if drafts:
         positions = sorted(drafts)
         proposals = Proposals(

@@ -19,7 +19,9 @@ import json
 from collections import defaultdict
 
 from specframe import compose
+from specframe.acceptance.base import Verdict
 from specframe.bench.tasks import get_task
+from specframe.ledger import outcome_pairs
 from specframe.models import load_model
 
 
@@ -46,11 +48,10 @@ def traced(decoder):
         return observe(state, rows, seconds, batch_rows)
 
     def traced_update(state, plan_, result):
-        before = len(state.output_ids())
-        accepted = update(state, plan_, result)
-        log[-1]["added"] = len(state.output_ids()) - before
-        log[-1]["accepted"] = accepted
-        return accepted
+        outcome = update(state, plan_, result)  # the ledger accepts it after this returns
+        log[-1]["added"] = len(outcome_pairs(plan_, outcome))  # before the stopping rules
+        log[-1]["accepted"] = outcome.accepted if isinstance(outcome, Verdict) else 0
+        return outcome
 
     schedule.plan, schedule.update, schedule.observe_call = traced_plan, traced_update, traced_observe
     return log

@@ -21,7 +21,8 @@ over its calls), split by part of the loop:
 * ``layout``: ``builder.physical`` (the template lookup, the ids and positions copied to the device);
 * ``read``: ``builder.read`` (the logits split into verifier and drafter rows);
 * ``update``: ``schedule.update`` (acceptance, the one host read, state bookkeeping, the next draft);
-* ``commit``: the KV cache commit of accepted rows;
+* ``ledger``: the request's cache ledger settling the verdict (acceptance, stopping rules, the KV cache
+  commit of accepted rows);
 * ``loop``: the rest of the decoder loop (clocks, metrics, the checked-call context).
 
 ``total`` is the sum, probes included (two clock reads per part and call); ``bare`` is the same replay on a
@@ -52,7 +53,7 @@ from specframe.bench.tasks import get_task
 from specframe.decoder import Decoder
 from specframe.models import load_model
 
-PARTS = ("plan", "layout", "read", "update", "commit")
+PARTS = ("plan", "layout", "read", "update", "ledger")
 
 
 class Replay:
@@ -122,7 +123,14 @@ def instrument(decoder: Decoder, parts: dict[str, float]) -> None:
     schedule.update = timed(parts, "update", type(schedule).update.__get__(schedule))
     builder.physical = timed(parts, "layout", type(builder).physical.__get__(builder))
     builder.read = timed(parts, "read", type(builder).read.__get__(builder))
-    decoder._commit = timed(parts, "commit", Decoder._commit)
+    stepper = decoder.stepper
+
+    def traced_stepper(*args, **kwargs):
+        made = stepper(*args, **kwargs)
+        made.ledger.settle = timed(parts, "ledger", made.ledger.settle)
+        return made
+
+    decoder.stepper = traced_stepper
 
 
 def profile_method(

@@ -14,7 +14,7 @@ import torch
 
 from specframe.acceptance.base import AcceptanceRule, DraftRef, Proposals, Verdict
 from specframe.acceptance.rejection import SamplingWarp
-from specframe.schedules.base import accept_verdict, planned_chain, propose, store_drafts
+from specframe.schedules.base import planned_chain, propose, store_drafts
 from specframe.schedules.packed import PackedSchedule
 from specframe.schedules.quadratic import QuadraticSchedule
 
@@ -112,14 +112,12 @@ class OtherGroupsProposalBug(QuadraticSchedule):
                     proposals, plan.drafts[branch].targets, other, plan.drafts[neighbour].targets, vocab
                 )
         store_drafts(state, plan.drafts[branch].targets, proposals)
-        return verdict.accepted
+        return verdict
 
     @staticmethod
     def _verify(state, plan, result):
         chain = planned_chain(state, plan)
-        verdict = state.ctx.rule.verify(chain, result.verify_logits, state.ctx.generator)
-        accept_verdict(state, plan, chain, verdict)
-        return verdict
+        return state.ctx.rule.verify(chain, result.verify_logits, state.ctx.generator)
 
 
 class StaleProposalBug(PackedSchedule):
@@ -135,9 +133,8 @@ class StaleProposalBug(PackedSchedule):
             for d, p in zip(chain, plan.chain_positions, strict=True)
         )
         verdict = state.ctx.rule.verify(swapped, result.verify_logits, state.ctx.generator)
-        accept_verdict(state, plan, swapped, verdict)
         store_drafts(state, targets, fresh)
-        return verdict.accepted
+        return verdict
 
 
 def _swap_rows(

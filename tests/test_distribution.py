@@ -273,3 +273,34 @@ def test_real_networks_sample_the_ar_distribution(tmp_path_factory, family, sche
         model, REAL_PROMPT, 3, _warp("t1"), lambda ids: conditional_logits(model, list(enumerate(ids)), len(ids))
     )
     assert gof_pvalue(counts, exact) > PASS
+
+
+# -- batched decoding -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed", "kbranch", "auto", "native"])
+@pytest.mark.parametrize("warp", ["t1", "topkp"])
+def test_a_batched_request_samples_the_tokens_its_seed_gives_alone(models, family, schedule, warp):
+    """Every request has its own generator: in a batch, a seed gives the tokens it gives decoded alone."""
+    config = {"model": models[family], "schedule": schedule, "acceptance": WARPS[warp], "max_new_tokens": LENGTH}
+    config["width"] = "auto" if schedule in ("ar", "auto") else WIDTH
+    config["cost"] = {"tau": 0.007, "delta": 0.0002, "host_s": 0.001}
+    seeds = list(range(40))
+    limits = [1 + s % LENGTH for s in seeds]  # requests finish at different steps
+    prompts = [PROMPT[: 1 + s % 3] for s in seeds]
+    alone = [
+        compose(config).generate(prompt_ids=p, seed=s, max_new_tokens=n).output_ids
+        for p, s, n in zip(prompts, seeds, limits, strict=True)
+    ]
+    batched = compose(config).generate_many(prompts, seeds=seeds, max_new_tokens=limits, max_batch=7)
+    assert [g.output_ids for g in batched] == alone
+    assert len({tuple(x) for x in alone}) > 10  # the seeds sample different outputs
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batched_packed_ss_samples_the_ar_distribution(models, family):
+    decoder = compose(
+        {"model": models[family], "schedule": "packed", "acceptance": WARPS["t1"], "width": WIDTH, "max_new_tokens": 4}
+    )
+    results = decoder.generate_many([PROMPT] * SAMPLES, seeds=list(range(SAMPLES)), max_batch=32)
+    counts = Counter(tuple(g.output_ids) for g in results)
+    assert gof_pvalue(counts, exact_distribution(models[family], PROMPT, LENGTH, _warp("t1"))) > PASS

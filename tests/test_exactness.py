@@ -7,6 +7,8 @@ without any cache, and any-order (confidence) verification against the serial re
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -22,7 +24,10 @@ from decoding_helpers import (
     tiny_model,
 )
 from specframe import compose
+from specframe.acceptance.base import Verdict
+from specframe.batching import forward_calls
 from specframe.errors import ConfigError
+from specframe.ledger import Guess, outcome_pairs
 from specframe.schedules.base import Schedule
 
 VOCAB = 24
@@ -107,20 +112,11 @@ class Recorder(Schedule):
 
     def update(self, state, plan, result):
         context = [(p, state.token_at(p)) for p in state.generation_order()]
-        accepted: list[tuple[int, int]] = []
-        accept = state.accept
-
-        def recording_accept(pairs):  # before EOS / stop pruning, as the serial reference generates them
-            accepted.extend((p, t) for p, t in pairs if p <= state.end)
-            return accept(pairs)
-
-        state.accept = recording_accept
-        try:
-            drafts_accepted = self.inner.update(state, plan, result)
-        finally:
-            del state.accept
+        outcome = self.inner.update(state, plan, result)
+        # before EOS / stop pruning, as the serial reference generates them
+        accepted = [(p, t) for p, t in outcome_pairs(plan, outcome) if p <= state.end]
         self.calls.append((context, accepted))
-        return drafts_accepted
+        return outcome
 
 
 @slow_ok(60)
@@ -214,8 +210,8 @@ def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("schedule", ["ar", "native", *SPECULATIVE], ids=str)
-def test_update_returns_the_accepted_drafts_of_its_call(models, family, schedule):
-    """``Schedule.update`` reports the draft tokens it accepted, which is what the decoder keeps cached."""
+def test_update_returns_the_verdict_of_its_call(models, family, schedule):
+    """``Schedule.update`` returns its call's verdict (a guess for ``native``), which the ledger records once."""
     # A fixed cost model: with the machine's own, "auto" may pick plain AR calls and accept no drafts.
     config = {"model": models[family], "schedule": schedule, "max_new_tokens": 16, "cost": SYNTHETIC_COST}
     config["width"] = "auto" if schedule == "ar" else 4  # ar takes no width
@@ -224,17 +220,107 @@ def test_update_returns_the_accepted_drafts_of_its_call(models, family, schedule
     seen = []
 
     def checked(state, plan, result):
-        before = len(state.verifications)
         returned = update(state, plan, result)
-        recorded = state.verifications[before:]
-        seen.append((returned, sum(v.accepted for v in recorded), len(recorded) <= 1))
+        if schedule == "native" and plan.num_verify == 0:
+            assert isinstance(returned, Guess) and returned.pairs
+        elif plan.num_verify:
+            assert isinstance(returned, Verdict) and 0 <= returned.accepted <= len(plan.chain)
+            seen.append(returned.accepted)
+        else:
+            assert returned is None
         return returned
 
     decoder.schedule.update = checked
+    accepted = 0
     with eos_ids(models[family], ()):
         for seed in range(3):
-            decoder.generate(prompt_ids=[(seed * 5 + i) % EOS for i in range(1 + seed)])
-    assert seen and all(one for _, _, one in seen)
-    assert all(returned == accepted for returned, accepted, _ in seen)
+            result = decoder.generate(prompt_ids=[(seed * 5 + i) % EOS for i in range(1 + seed)])
+            assert result.metrics.accepted_tokens == sum(seen)  # the ledger recorded each verdict once
+            accepted += sum(seen)
+            seen.clear()
     if schedule not in ("ar", "native"):
-        assert any(returned for returned, _, _ in seen)  # drafts were accepted, so the check has teeth
+        assert accepted  # drafts were accepted, so the check has teeth
+
+
+# -- batched decoding: each request's output is what it gets decoded alone ------------------------------------------
+BATCHED = ("ar", "native", *SPECULATIVE)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("schedule", BATCHED, ids=str)
+def test_generate_many_equals_decoding_each_request_alone(models, family, schedule):
+    """Prompts of different lengths, limits, EOS and stop sequences ending requests at different steps."""
+    config = {"model": models[family], "schedule": schedule, "max_new_tokens": 12, "cost": SYNTHETIC_COST}
+    config["stop"] = [[17, 18], [2, 2]]
+    if schedule != "ar":
+        config["width"] = 4
+    prompts = [[1, 2, 3], [7], [5, 9, 11, 2, 8, 13], [4, 4], [20, 1, 6, 3]]
+    limits = [12, 12, 9, 4, 7]
+    with eos_ids(models[family], (EOS,)):
+        alone = [compose(config).generate(prompt_ids=p, max_new_tokens=n) for p, n in zip(prompts, limits, strict=True)]
+        for max_batch in (1, 2, 8):
+            batched = compose(config).generate_many(prompts, max_new_tokens=limits, max_batch=max_batch)
+            assert [g.output_ids for g in batched] == [g.output_ids for g in alone]
+            assert [g.stop_reason for g in batched] == [g.stop_reason for g in alone]
+            if schedule != "auto":  # auto's choices (not its output) carry over between requests decoded alone
+                assert [g.metrics.rows_per_call for g in batched] == [g.metrics.rows_per_call for g in alone]
+            for g in batched:
+                assert len(g.metrics.batch_rows) == g.metrics.nfe
+                assert all(b >= r for b, r in zip(g.metrics.batch_rows, g.metrics.rows_per_call, strict=True))
+    if schedule != "native":  # (whose output is not the AR model's)
+        assert len({g.stop_reason for g in alone}) == 3  # requests end for every reason, at different steps
+
+
+@pytest.mark.parametrize(
+    ("schedule", "order"),
+    [("packed", "confidence"), ("quadratic", "confidence"), ("kbranch", "confidence"), ("auto", "ltr")],
+)
+def test_generate_many_takes_a_width_per_request(models, schedule, order):
+    """Mixed widths in one batch (any-order verification, where the width changes the output; under ``auto``
+    a request's width is the largest it chooses, and its candidates are the composed decoder's)."""
+    widths = [1, 3, 6, 2]
+    prompts = [[1, 2, 3], [7, 8], [5, 9, 11], [4]]
+    config = {"model": models[SETDLM], "schedule": schedule, "order": order, "max_new_tokens": 10}
+    config["cost"] = SYNTHETIC_COST
+    alone = [
+        compose({**config, "width": w}).generate(prompt_ids=p).output_ids for p, w in zip(prompts, widths, strict=True)
+    ]
+    batched = compose({**config, "width": 6}).generate_many(prompts, widths=widths, max_batch=3)
+    assert [g.output_ids for g in batched] == alone
+
+
+@slow_ok(40)
+@given(
+    family=st.sampled_from(FAMILIES),
+    schedule=st.sampled_from(BATCHED),
+    requests=st.lists(st.tuples(prompts, st.integers(1, 10)), min_size=1, max_size=5),
+    use_eos=st.booleans(),
+    data=st.data(),
+)
+def test_any_arrival_and_finish_pattern_gives_each_request_its_own_output(
+    models, family, schedule, requests, use_eos, data
+):
+    """Steppers driven by hand: requests arrive at random steps and sit out random steps; each batch of calls
+    runs in one ``forward_many``. Every request's tokens are its tokens decoded alone."""
+    config = {"model": models[family], "schedule": schedule, "cost": SYNTHETIC_COST, "max_new_tokens": 10}
+    if schedule != "ar":
+        config["width"] = data.draw(st.integers(1, 5), label="width")
+    with eos_ids(models[family], (EOS, 6) if use_eos else ()):
+        alone = [compose(config).generate(prompt_ids=p, max_new_tokens=n).output_ids for p, n in requests]
+        decoder = compose(config)
+        waiting = [
+            decoder.stepper(prompt_ids=p, max_new_tokens=n, schedule=copy.copy(decoder.schedule)) for p, n in requests
+        ]
+        steppers, active = list(waiting), []
+        while waiting or active:
+            arrivals = data.draw(st.integers(0 if active else 1, len(waiting)), label="arrivals")
+            active += waiting[:arrivals]
+            del waiting[:arrivals]
+            stepping = [s for s in active if data.draw(st.booleans(), label="steps")] or active[:1]
+            calls = [(s, s.prepare()) for s in stepping]
+            outputs = forward_calls(decoder.model, [(s.cache, call) for s, call in calls])
+            rows = sum(call.num_rows for _, call in calls)
+            for (stepper, _), logits in zip(calls, outputs, strict=True):
+                stepper.finish(logits, 0.0, rows)
+            active = [s for s in active if not s.done]
+    assert [s.result().output_ids for s in steppers] == alone

@@ -21,6 +21,7 @@ import specframe.masks.templates as templates
 from decoding_helpers import NEMOTRON, SETDLM, eos_ids, tiny_model
 from specframe import compose
 from specframe.acceptance.greedy import GreedyAcceptance
+from specframe.ledger import CacheLedger
 from specframe.orders.base import by_score
 from specframe.orders.ltr import LeftToRight
 from specframe.state import DecodeContext, DecodeState, LayoutTraits
@@ -122,6 +123,7 @@ def _reference_window(state: DecodeState, width: int) -> list[int]:
 def test_the_window_shortcut_equals_the_windows_definition(width, length, steps):
     """Out-of-order accepts, EOS tokens that prune later positions: the window stays the definition's."""
     state = DecodeState(prompt=(5, 6, 7), max_new_tokens=length, ctx=_context(width))
+    ledger = CacheLedger(state)
     for skip, count, eos in steps:
         assert state.window() == _reference_window(state, width)
         open_positions = [p for p in range(state.start, state.end + 1) if not state.is_resolved(p)]
@@ -131,7 +133,7 @@ def test_the_window_shortcut_equals_the_windows_definition(width, length, steps)
         pairs = [(p, 1 + (p % 7)) for p in chosen]
         if eos:
             pairs[-1] = (pairs[-1][0], 0)
-        state.accept(pairs)
+        ledger.accept(pairs)
     assert state.window() == _reference_window(state, width)
 
 

@@ -46,10 +46,11 @@ class Spy(KBranchSchedule):
         self.log: list[tuple[CallPlan, int, int]] = []
 
     def update(self, state, plan, result):
-        accepted = super().update(state, plan, result)
+        verdict = super().update(state, plan, result)
+        accepted = verdict.accepted
         outcome = accepted + (plan.num_verify > accepted)  # the verifier adds a token unless all ranks held drafts
         self.log.append((plan, outcome, branch_for(plan, outcome)))
-        return accepted
+        return verdict
 
 
 def _spied(model, k, prompt, width, length=40):

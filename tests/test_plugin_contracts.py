@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from decoding_helpers import NEMOTRON, SETDLM, tiny_model
+from decoding_helpers import NEMOTRON, SETDLM, eos_ids, tiny_model
 from specframe import compose
 from specframe.acceptance.greedy import GreedyAcceptance
 from specframe.acceptance.rejection import RejectionSampling
 from specframe.cli import main
 from specframe.errors import PluginError
 from specframe.hookspecs import hookimpl
+from specframe.ledger import Guess, outcome_pairs
 from specframe.orders.base import OrderPolicy
 from specframe.plugins import plugin_registered
 from specframe.schedules.base import Schedule, verify_only_plan, verify_planned_chain
@@ -41,7 +42,7 @@ class _UpdateNone(Schedule):
         return verify_only_plan(state)
 
     def update(self, state, plan, result):
-        verify_planned_chain(state, plan, result)  # forgets to return the verdict's accepted
+        verify_planned_chain(state, plan, result)  # forgets to return the verdict
 
 
 class _AcceptsNothing(Schedule):
@@ -49,7 +50,7 @@ class _AcceptsNothing(Schedule):
         return verify_only_plan(state)
 
     def update(self, state, plan, result):
-        return 0  # never passes the result to the acceptance rule
+        return 0  # never passes the result to the acceptance rule (and returns what update() used to)
 
 
 class _PlanRaises(Schedule):
@@ -101,15 +102,16 @@ class _FailsLater(PackedSchedule):
 
 
 class _CommitsOneMore(PackedSchedule):
-    """Verifies as Packed-SS does, then commits its first stored draft token too, which nothing verified."""
+    """Verifies as Packed-SS does, then commits the accepted tokens and one more draft token, as a guess."""
 
     def update(self, state, plan, result):
-        accepted = super().update(state, plan, result)
-        position = state.leftmost_unresolved()
-        if position <= state.end and position in state.drafts:
+        verdict = super().update(state, plan, result)
+        pairs = outcome_pairs(plan, verdict)
+        position = plan.order[len(pairs)] if len(pairs) < len(plan.order) else None
+        if position is not None and position in state.drafts:
             ref = state.drafts[position]
-            state.accept([(position, ref.proposals.token_list[ref.row])])
-        return accepted
+            return Guess((*pairs, (position, ref.proposals.token_list[ref.row])))
+        return verdict
 
 
 class _Plugin:
@@ -142,13 +144,17 @@ def registered():
 
 CASES = [
     ({"schedule": "plan-dict", "width": 3}, "schedule 'plan-dict'", "plan() returned dict, not a CallPlan"),
-    ({"schedule": "update-none", "width": 3}, "schedule 'update-none'", "update() returned None"),
-    ({"schedule": "accepts-nothing", "width": 3}, "schedule 'accepts-nothing'", "update() accepted nothing"),
+    ({"schedule": "update-none", "width": 3}, "schedule 'update-none'", "update() returned None for a call that"),
+    (
+        {"schedule": "accepts-nothing", "width": 3},
+        "schedule 'accepts-nothing'",
+        "update() returned int 0, not a Verdict",
+    ),
     ({"schedule": "plan-raises", "width": 3}, "schedule 'plan-raises'", "RuntimeError: boom in plan while decoding"),
     (
         {"schedule": "commits-one-more", "width": 3},
         "schedule 'commits-one-more'",
-        "accepted 1 token(s) more than the verifier's verdicts allowed",
+        "update() returned a Guess of",
     ),
     ({"order": "drops-one", "width": 3}, "order policy 'drops-one'", "not a permutation"),
     ({"order": "claims-ltr", "width": 3}, "order policy 'claims-ltr'", "sets left_to_right = True, but order()"),
@@ -224,3 +230,11 @@ def test_a_sampling_rule_without_the_stochastic_flag_is_reproduced_by_its_seed(m
     again = [decoder.generate(prompt_ids=[1, 2], seed=seed).output_ids for seed in range(4)]
     assert first == again
     assert len({tuple(ids) for ids in first}) > 1  # it does sample: the seeds give different outputs
+
+
+@pytest.mark.parametrize("schedule", ["fails-later", "commits-one-more", "update-none"])
+def test_a_broken_plugin_is_named_in_a_batch_too(model, schedule):
+    """Each request of a batch plans with its own copy of the schedule, which is still blamed on its plugin."""
+    decoder = compose({"model": model, "schedule": schedule, "width": 3, "max_new_tokens": 30})
+    with eos_ids(model, ()), pytest.raises(PluginError, match=f"schedule '{schedule}' \\(plugin 'contract_breakers'"):
+        decoder.generate_many([[3, 4, 5], [6, 7]], max_batch=2)

@@ -34,9 +34,9 @@ class _OwnPacked(Schedule):
         return window_plan(state, window, (DraftGroup(context=0, targets=targets),))
 
     def update(self, state, plan, result):
-        accepted = verify_planned_chain(state, plan, result).accepted
+        verdict = verify_planned_chain(state, plan, result)
         store_group(state, plan, result)
-        return accepted
+        return verdict
 
 
 class _Fixed(ARSchedule):  # declares no rate model: its width is not chosen

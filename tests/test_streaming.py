@@ -8,6 +8,7 @@ import pytest
 
 from specframe import compose
 from specframe.cli import main
+from specframe.errors import InputError
 from specframe.models import load_model
 from specframe.streaming import IncrementalText
 from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
@@ -128,3 +129,42 @@ def test_stream_validates_at_once(models):
     decoder = compose({"model": models[NEMOTRON], "max_new_tokens": 4})
     with pytest.raises(Exception, match="the prompt is empty"):
         decoder.stream(prompt_ids=[])
+
+
+@pytest.mark.parametrize("family", [NEMOTRON, SETDLM])
+@pytest.mark.parametrize("schedule", [*SCHEDULES, "kbranch", "auto"])
+@pytest.mark.parametrize("acceptance", ["greedy", {"name": "rejection", "temperature": 1.0}])
+def test_stream_many_gives_each_request_its_own_stream(models, family, schedule, acceptance):
+    """Interleaved in one batch, each request's pieces are those it streams alone (stop strings included)."""
+    config = {"model": models[family], "schedule": schedule, "acceptance": acceptance, "max_new_tokens": 16}
+    config["width"] = "auto" if schedule == "ar" else 4
+    config["stop"] = ["\n\n", "))"]
+    config["cost"] = {"tau": 0.007, "delta": 0.0002, "host_s": 0.001}
+    prompts = ["def f(x):", "é€日", "import os", "x = [", "class A:"]
+    limits = [16, 5, 12, 1, 9]
+    seeds = [3, 1, 4, 1, 5]
+    alone = [
+        _pieces(compose(config), prompt=p, max_new_tokens=n, seed=s)
+        for p, n, s in zip(prompts, limits, seeds, strict=True)
+    ]
+    batched: dict[int, list] = {i: [] for i in range(len(prompts))}
+    for index, piece in compose(config).stream_many(prompts, max_new_tokens=limits, seeds=seeds, max_batch=3):
+        assert not batched[index] or not batched[index][-1].done  # nothing after a request's last piece
+        batched[index].append(piece)
+    for index, pieces in batched.items():
+        if schedule == "auto":  # its choices carry over between requests decoded alone: the same tokens, other calls
+            assert "".join(p.text for p in pieces) == "".join(p.text for p in alone[index])
+        else:
+            assert [(p.text, p.token_ids) for p in pieces] == [(p.text, p.token_ids) for p in alone[index]]
+        final, expected = pieces[-1].generation, alone[index][-1].generation
+        assert final.output_ids == expected.output_ids and final.stop_reason == expected.stop_reason
+
+
+def test_stream_many_validates_every_request_at_once(models):
+    decoder = compose({"model": models[NEMOTRON], "schedule": "packed", "width": 2, "max_new_tokens": 8})
+    with pytest.raises(InputError, match="request 1: the prompt text is empty"):
+        decoder.stream_many(["a", "", "b"])
+    with pytest.raises(InputError, match="seeds has 2 entries for 3 prompts"):
+        decoder.generate_many(["a", "b", "c"], seeds=[1, 2])
+    with pytest.raises(InputError, match="max_batch must be an integer >= 1"):
+        decoder.generate_many(["a"], max_batch=0)

@@ -2,16 +2,21 @@
 
 One iteration, as data::
 
-    plan   = schedule.plan(state)              # CallPlan: logical, family-free
-    call   = builder.physical(plan)            # PhysicalCall: rows, positions, attention (templated)
-    logits = model.forward(cache, call)        # one forward over cached prefix + new rows
-    result = builder.read(call, logits)        # CallResult: verifier / drafter logits
-    accepted = schedule.update(state, plan, result)  # acceptance, next draft; accepted drafts
-    commit pending + accepted draft rows       # rollback is free: the rest is never committed
+    plan    = schedule.plan(state)              # CallPlan: logical, family-free
+    call    = builder.physical(plan)            # PhysicalCall: rows, positions, attention (templated)
+    logits  = model.forward(cache, call)        # one forward over cached prefix + new rows
+    result  = builder.read(call, logits)        # CallResult: verifier / drafter logits
+    outcome = schedule.update(state, plan, result)   # the verdict (and the next draft, stored)
+    ledger.settle(schedule, plan, call, outcome)     # accept, stopping rules, commit the valid rows
+
+A :class:`Stepper` runs one iteration of one request at a time (``prepare`` up to the call, ``finish``
+after it), so that :meth:`Decoder.generate` and the batched :meth:`Decoder.generate_many` (which packs many
+requests' calls into one forward, see :mod:`specframe.batching`) drive the same code.
 """
 
 from __future__ import annotations
 
+import copy
 import operator
 import time
 from collections.abc import Iterator, Sequence
@@ -20,10 +25,13 @@ from typing import Any
 
 import torch
 
+from specframe import batching
 from specframe.acceptance.base import AcceptanceRule
-from specframe.blame import contract_error, plugin_failure
+from specframe.batching import forward_calls
+from specframe.blame import contract_error, entry_of, plugin_failure, remember
 from specframe.errors import ConfigError, InputError, SpecframeError
 from specframe.exactness import is_exact
+from specframe.ledger import CacheLedger
 from specframe.masks.base import MaskBuilder
 from specframe.metrics import Metrics
 from specframe.models.base import ModelBackend
@@ -36,11 +44,6 @@ from specframe.state import DecodeContext, DecodeState
 from specframe.streaming import IncrementalText
 
 MAX_SEED = 2**64 - 1  # torch generators take 64-bit seeds
-
-
-def _draft_count(value: object, plan: CallPlan) -> bool:
-    """Whether ``value``, returned by a schedule's ``update`` for ``plan``, is a valid count of accepted drafts."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= len(plan.chain)
 
 
 def fits_context(prompt_tokens: int, max_new_tokens: int, model: ModelBackend) -> bool:
@@ -182,11 +185,10 @@ class Decoder:
             InputError: No prompt, both kinds given, an empty prompt, unknown token ids, or a prompt plus
                 output that does not fit the model's context.
         """
-        state = self._request(prompt, prompt_ids, max_new_tokens, seed)
-        metrics = Metrics()
-        for _ in self._steps(state, metrics):
+        stepper = self.stepper(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
+        for _ in self._alone(stepper):
             pass
-        return self._result(state, metrics)
+        return stepper.result()
 
     def stream(
         self,
@@ -209,25 +211,153 @@ class Decoder:
         Raises:
             InputError: As :meth:`generate` (raised at once, before the first piece).
         """
-        state = self._request(prompt, prompt_ids, max_new_tokens, seed)
-        return self._stream(state)
+        stepper = self.stepper(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
+        return self._stream(stepper)
 
-    def _stream(self, state: DecodeState) -> Iterator[StreamPiece]:
-        metrics = Metrics()
-        stops = [self.model.decode(s) for s in self.stop_sequences] + list(self.stop_texts)
-        text = IncrementalText(self.model.decode, stops)
-        sent = 0
-        for _ in self._steps(state, metrics):
-            ids = state.output_ids()
-            if len(ids) > sent:
-                piece = StreamPiece(text.update(ids), ids[sent:])
-                sent = len(ids)
+    def _stream(self, stepper: Stepper) -> Iterator[StreamPiece]:
+        pieces = Pieces(stepper)
+        for _ in self._alone(stepper):
+            piece = pieces.next()
+            if piece is not None:
                 yield piece
-        result = self._result(state, metrics)
-        yield StreamPiece(text.finish(result.output_ids, result.text), result.output_ids[sent:], result)
+        yield pieces.last()
+
+    def generate_many(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int] | None = None,
+        seeds: Sequence[int | None] | None = None,
+        widths: Sequence[int] | None = None,
+        max_batch: int = 8,
+    ) -> list[Generation]:
+        """Generate many requests with continuous batching; each result is what :meth:`generate` returns alone.
+
+        Up to ``max_batch`` requests are in flight; each step packs one call of every active request into one
+        :meth:`~specframe.models.base.ModelBackend.forward_many`, a finished request leaves between steps and
+        the next waiting one joins. Outputs equal decoding each request alone (token for token; with the
+        same seed, the same samples: every request has its own generator). Metrics are per request: a
+        batched call counts one NFE of each request in it and its whole time as each one's model time
+        (``metrics.batch_rows`` records the batch's rows of each call).
+
+        Args:
+            prompts: Per request, prompt text or a list of token ids.
+            max_new_tokens: One output limit for all, or one per request (``None``: the decoder's).
+            seeds: One seed per request (``None`` entries or no list: the decoder's seed, as :meth:`generate`).
+            widths: One speculative width per request (``None``: the decoder's width).
+            max_batch: Most requests in flight at once (>= 1).
+
+        Returns:
+            One :class:`Generation` per prompt, in the order given.
+
+        Raises:
+            InputError: As :meth:`generate`, naming the request, or for lists whose lengths differ from
+                ``prompts``; raised before anything is decoded.
+        """
+        results: list[Generation | None] = [None] * len(prompts)
+        for index, stepper in self._batched(prompts, max_new_tokens, seeds, widths, max_batch):
+            if stepper.done:
+                results[index] = stepper.result()
+        return results  # type: ignore[return-value]
+
+    def stream_many(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int] | None = None,
+        seeds: Sequence[int | None] | None = None,
+        widths: Sequence[int] | None = None,
+        max_batch: int = 8,
+    ) -> Iterator[tuple[int, StreamPiece]]:
+        """:meth:`generate_many`, yielding ``(request index, piece)`` as each request's calls add tokens.
+
+        Each request's pieces are exactly those :meth:`stream` yields for it alone, its last piece
+        (``piece.done``) carrying its :class:`Generation`; requests' pieces interleave in step order.
+
+        Raises:
+            InputError: As :meth:`generate_many` (raised at once, before the first piece).
+        """
+        steps = self._batched(prompts, max_new_tokens, seeds, widths, max_batch)
+        return self._stream_many(steps)
+
+    @staticmethod
+    def _stream_many(steps: Iterator[tuple[int, Stepper]]) -> Iterator[tuple[int, StreamPiece]]:
+        pieces: dict[int, Pieces] = {}
+        for index, stepper in steps:
+            stream = pieces.setdefault(index, Pieces(stepper))
+            piece = stream.next()
+            if piece is not None:
+                yield index, piece
+            if stepper.done:
+                yield index, pieces.pop(index).last()
+
+    def stepper(
+        self,
+        prompt: str | None = None,
+        *,
+        prompt_ids: Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
+        seed: int | None = None,
+        width: int | None = None,
+        schedule: Schedule | None = None,
+    ) -> Stepper:
+        """One request as a :class:`Stepper`, to drive one model call at a time from outside.
+
+        Arguments as :meth:`generate`, plus ``width`` (the request's speculative width; the decoder's by
+        default) and ``schedule`` (a copy of the decoder's schedule for this request alone, as batches use;
+        the decoder's own by default).
+
+        Raises:
+            InputError: As :meth:`generate`.
+        """
+        state = self._request(prompt, prompt_ids, max_new_tokens, seed, width)
+        return Stepper(self, state, self.schedule if schedule is None else schedule)
+
+    def _alone(self, stepper: Stepper) -> Iterator[None]:
+        """Drive ``stepper`` one call at a time, each its own forward; yields after each call."""
+        model, sync = self.model, self._sync
+        while (call := stepper.prepare()) is not None:
+            started = time.perf_counter()
+            logits = forward_calls(model, [(stepper.cache, call)])[0]
+            sync()
+            stepper.finish(logits, time.perf_counter() - started)
+            yield
+
+    def _batched(
+        self,
+        prompts: Sequence[str | Sequence[int]],
+        max_new_tokens: int | Sequence[int] | None,
+        seeds: Sequence[int | None] | None,
+        widths: Sequence[int] | None,
+        max_batch: int,
+    ) -> Iterator[tuple[int, Stepper]]:
+        """Validate every request, then run them with continuous batching (see :func:`specframe.batching.run`)."""
+        if as_integer(max_batch) is None or max_batch < 1:
+            raise InputError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise InputError(f"prompts must be a list of prompt texts or token-id lists, got {type(prompts).__name__}")
+        count = len(prompts)
+        limits = _per_request(max_new_tokens, count, "max_new_tokens")
+        seeds = _per_request(None, count, "seeds") if seeds is None else _per_request(seeds, count, "seeds")
+        widths = _per_request(None, count, "widths") if widths is None else _per_request(widths, count, "widths")
+        states = []
+        for index, prompt in enumerate(prompts):
+            text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+            try:
+                states.append(self._request(text, ids, limits[index], seeds[index], widths[index]))
+            except InputError as exc:
+                raise InputError(f"request {index}: {exc}") from None
+        schedule = self.schedule
+        steppers = [Stepper(self, state, _copy_of(schedule)) for state in states]
+        return batching.run(self.model, steppers, max_batch, self._sync)
 
     def _request(
-        self, prompt: str | None, prompt_ids: Sequence[int] | None, max_new_tokens: int | None, seed: Any
+        self,
+        prompt: str | None,
+        prompt_ids: Sequence[int] | None,
+        max_new_tokens: int | None,
+        seed: Any,
+        width: Any = None,
     ) -> DecodeState:
         """Validate one request and build its state."""
         ids = self._prompt_ids(prompt, prompt_ids)
@@ -242,20 +372,10 @@ class Decoder:
             )
         if seed is not None and seed_problem(seed):
             raise InputError(f"seed {seed_problem(seed)}")
-        return DecodeState(ids, limit, self._context(self.seed if seed is None else as_integer(seed)))
-
-    def _result(self, state: DecodeState, metrics: Metrics) -> Generation:
-        output = state.output_ids()
-        metrics.generated_tokens = len(output)
-        metrics.verifications = list(state.verifications)
-        return Generation(
-            text=self.model.decode(output),
-            prompt_ids=list(state.prompt),
-            output_ids=output,
-            stop_reason=_stop_reason(state, output, state.max_new_tokens),
-            metrics=metrics,
-            exact=self.exact,
-        )
+        if width is not None and (as_integer(width) is None or width < 1):
+            raise InputError(f"width must be an integer >= 1, got {width!r}")
+        seed = self.seed if seed is None else as_integer(seed)
+        return DecodeState(ids, limit, self._context(seed, self.width if width is None else as_integer(width)))
 
     def describe(self) -> dict[str, Any]:
         """The composed pieces and settings, JSON-friendly."""
@@ -270,106 +390,11 @@ class Decoder:
             "exact": self.exact,
         }
 
-    # -- the loop ----------------------------------------------------------------------------------------
-    def _steps(self, state: DecodeState, metrics: Metrics) -> Iterator[None]:
-        """Run the decoding loop, yielding after each model call; the clock stops while the caller runs."""
-        model, builder, schedule = self.model, self.builder, self.schedule
-        # Staging room for the largest call: a window never spans more positions than the output.
-        width = min(self.width, state.max_new_tokens)
-        cache = model.new_cache(len(state.prompt) + state.max_new_tokens + builder.max_rows(width, 0))
-        # Each call resolves at least one position or is a drafting-only call followed by one that does;
-        # a schedule that loops without progress is a bug, reported instead of hanging.
-        budget = 4 * (state.max_new_tokens + 2) * max(self.width, 1) + 8
-        clock, sync = time.perf_counter, self._sync if model.device.type == "cuda" else _no_sync
-        rows_per_call, choices = metrics.rows_per_call, metrics.choices
-        ledger = getattr(schedule, "exact", None) is not False  # a lossy schedule may commit unverified guesses
-        sync()
-        started = clock()
-        try:
-            while not state.done:
-                if metrics.nfe >= budget:
-                    raise RuntimeError(f"schedule {schedule.name!r} made no progress after {metrics.nfe} calls")
-                plan = schedule.plan(state)
-                if not isinstance(plan, CallPlan):
-                    raise contract_error(schedule, "schedule", f"plan() returned {type(plan).__name__}, not a CallPlan")
-                call = builder.physical(plan)
-                ids = call.input_ids
-                forward_started = clock()
-                logits = model.forward(cache, call)
-                sync()
-                metrics.model_s += clock() - forward_started
-                schedule.observe_call(state, ids.shape[0], clock() - forward_started)  # the width chooser's timing
-                metrics.nfe += 1
-                rows_per_call.append(ids.shape[0])
-                choices.append((schedule.label(), plan.width))
-                result = builder.read(call, logits)
-                verified = len(state.verifications)
-                drafts_accepted = schedule.update(state, plan, result)
-                if plan.num_verify and len(state.verifications) == verified:
-                    raise contract_error(
-                        schedule,
-                        "schedule",
-                        "update() accepted nothing from a call that verified a window; pass the call's result to "
-                        "verify_planned_chain (or verify_and_propose), which accepts the verdict into the state",
-                    )
-                if not _draft_count(drafts_accepted, plan):
-                    raise contract_error(
-                        schedule,
-                        "schedule",
-                        f"update() returned {drafts_accepted!r}, not the number of chain tokens it accepted "
-                        f"(an int from 0 to {len(plan.chain)}: the verdict's accepted)",
-                    )
-                if ledger and state.offered != state.granted:
-                    raise contract_error(schedule, "schedule", _unverified(state))
-                state.calls += 1
-                self._commit(state, call, cache, drafts_accepted)
-                metrics.wall_s += clock() - started
-                yield
-                started = clock()
-        except SpecframeError:
-            raise
-        except Exception as exc:  # name the third-party plugin whose code raised it, if any
-            failure = plugin_failure(exc, (schedule, self.order, self.rule, builder))
-            if failure is None:
-                raise
-            raise failure from exc
-        sync()
-        metrics.wall_s += clock() - started
+    def _sync(self) -> None:
+        if self.model.device.type == "cuda":
+            torch.cuda.synchronize(self.model.device)
 
-    @staticmethod
-    def _commit(state: DecodeState, call: PhysicalCall, cache: KVCache, drafts_accepted: int) -> None:
-        """Keep the staged rows of pending tokens and accepted drafts, where the position kept that token.
-
-        The verifier's own token (a correction or bonus) is never committed from this call, even if a row
-        happens to carry the same token: it is processed as an input of the next call, as both families'
-        layouts expect (appendix D).
-
-        An EOS accepted out of order drops the tokens past it. A row that saw a dropped token is not kept:
-        each pending or draft row attends to the whole cache and to the inputs before it (pending tokens in
-        generation order, then the chain by rank), so nothing is kept when a cached token was dropped, and
-        nothing after the first dropped input. Those tokens stay pending and the next call recomputes them.
-        """
-        if state.stale_cached:  # a cached token this call attended to was dropped
-            cache.drop_positions(state.stale_cached)
-            state.stale_cached = set()
-            return
-        plan, commit_rows = call.plan, call.commit_rows
-        accepted = min(drafts_accepted, len(plan.chain))
-        inputs = [*plan.pending, *zip(plan.order[:accepted], plan.chain[:accepted], strict=True)]
-        rows, positions = [], []
-        resolved_token = state.resolved_token
-        for position, token in inputs:
-            if resolved_token(position) != token:
-                break  # dropped past an EOS: every later row of this call saw it
-            entry = commit_rows.get(position)
-            if entry is not None and entry[1] == token:
-                rows.append(entry[0])
-                positions.append(position)
-        if rows:
-            cache.commit(rows, positions)
-            state.mark_cached(positions)
-
-    def _context(self, seed: int | None) -> DecodeContext:
+    def _context(self, seed: int | None, width: int) -> DecodeContext:
         # Every rule gets the request's seeded generator, whatever its ``stochastic`` says: a plugin rule that
         # samples but forgot the flag would otherwise draw from torch's global generator, and a seed would
         # not reproduce its output. (A generator costs a few microseconds per request.)
@@ -379,7 +404,7 @@ class Decoder:
         else:
             generator.manual_seed(int(seed))
         return DecodeContext(
-            width=self.width,
+            width=width,
             order=self.order,
             rule=self.rule,
             traits=self.builder.traits,
@@ -418,13 +443,176 @@ class Decoder:
             )
         return ids
 
-    def _sync(self) -> None:
-        if self.model.device.type == "cuda":
-            torch.cuda.synchronize(self.model.device)
+
+class Stepper:
+    """One request decoded one model call at a time, driven from outside (a batch, a server, :meth:`Decoder.generate`).
+
+    A driver repeats: ``call = stepper.prepare()`` (``None`` once the request is done), evaluates the call
+    against ``stepper.cache`` (alone, or packed with other requests' calls into one
+    :meth:`~specframe.models.base.ModelBackend.forward_many`), then ``stepper.finish(logits, seconds,
+    batch_rows)``. Make one with :meth:`Decoder.stepper`.
+
+    Attributes:
+        state: The request's decoding state.
+        schedule: The schedule planning this request.
+        cache: The request's KV cache (allocated by the first :meth:`prepare`).
+        ledger: The request's :class:`~specframe.ledger.CacheLedger` (which gets the cache with it).
+        metrics: What the request has cost so far.
+    """
+
+    def __init__(self, decoder: Decoder, state: DecodeState, schedule: Schedule) -> None:
+        self.decoder, self.state, self.schedule = decoder, state, schedule
+        self.metrics = Metrics()
+        self.cache: KVCache | None = None
+        self.ledger = CacheLedger(state)
+        self._plan: CallPlan | None = None
+        self._call: PhysicalCall | None = None
+        # Each call resolves at least one position or is a drafting-only call followed by one that does;
+        # a schedule that loops without progress is a bug, reported instead of hanging.
+        self._budget = 4 * (state.max_new_tokens + 2) * max(state.ctx.width, 1) + 8
+
+    @property
+    def done(self) -> bool:
+        """Whether the request is complete."""
+        return self.state.done
+
+    def prepare(self) -> PhysicalCall | None:
+        """Plan the request's next call and lay it out; ``None`` when the request is done.
+
+        Raises:
+            PluginError: A plugin's plan is not a ``CallPlan``, or a plugin's code raised.
+        """
+        state, schedule = self.state, self.schedule
+        if state.done:
+            return None
+        started = time.perf_counter()
+        try:
+            if self.cache is None:
+                # Staging room for the largest call: a window never spans more positions than the output.
+                builder, width = self.decoder.builder, min(state.ctx.width, state.max_new_tokens)
+                capacity = len(state.prompt) + state.max_new_tokens + builder.max_rows(width, 0)
+                self.cache = self.ledger.cache = self.decoder.model.new_cache(capacity)
+            if self.metrics.nfe >= self._budget:
+                raise RuntimeError(f"schedule {schedule.name!r} made no progress after {self.metrics.nfe} calls")
+            plan = schedule.plan(state)
+            if not isinstance(plan, CallPlan):
+                raise contract_error(schedule, "schedule", f"plan() returned {type(plan).__name__}, not a CallPlan")
+            self._plan, self._call = plan, self.decoder.builder.physical(plan)
+        except Exception as exc:
+            failure = self._blamed(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        self.metrics.wall_s += time.perf_counter() - started
+        return self._call
+
+    def finish(self, logits: torch.Tensor, seconds: float, batch_rows: int | None = None) -> None:
+        """Apply the logits of the prepared call: the schedule judges, the ledger accepts and commits.
+
+        Args:
+            logits: The model's output for the call.
+            seconds: Wall time of the forward that evaluated it (the whole batched forward's, in a batch).
+            batch_rows: Rows of the batched forward (``None`` when the call ran alone).
+
+        Raises:
+            PluginError: The schedule's outcome breaks its contract, or a plugin's code raised.
+        """
+        started = time.perf_counter()
+        plan, call, schedule, metrics = self._plan, self._call, self.schedule, self.metrics
+        if call is None:
+            raise RuntimeError("finish() without a prepared call: call prepare() first")
+        self._call = None
+        metrics.model_s += seconds
+        metrics.wall_s += seconds
+        metrics.nfe += 1
+        metrics.rows_per_call.append(call.num_rows)
+        metrics.batch_rows.append(call.num_rows if batch_rows is None else batch_rows)
+        metrics.choices.append((schedule.label(), plan.width))
+        try:
+            # What the call cost, seen before its result changes the state (the width chooser's timing).
+            schedule.observe_call(self.state, call.num_rows, seconds, batch_rows)
+            outcome = schedule.update(self.state, plan, self.decoder.builder.read(call, logits))
+            self.ledger.settle(schedule, plan, call, outcome)
+        except Exception as exc:
+            failure = self._blamed(exc)
+            if failure is None:
+                raise
+            raise failure from exc
+        metrics.wall_s += time.perf_counter() - started
+
+    def result(self) -> Generation:
+        """The request's result so far (its whole result once :attr:`done`)."""
+        state, metrics, model = self.state, self.metrics, self.decoder.model
+        output = state.output_ids()
+        metrics.generated_tokens = len(output)
+        metrics.verifications = list(state.verifications)
+        return Generation(
+            text=model.decode(output),
+            prompt_ids=list(state.prompt),
+            output_ids=output,
+            stop_reason=_stop_reason(state, output, state.max_new_tokens),
+            metrics=metrics,
+            exact=self.decoder.exact,
+        )
+
+    def _blamed(self, exc: Exception) -> Exception | None:
+        """A ``PluginError`` naming the third-party plugin whose code raised ``exc`` (``None``: none did)."""
+        if isinstance(exc, SpecframeError):
+            return None
+        decoder = self.decoder
+        return plugin_failure(exc, (self.schedule, decoder.order, decoder.rule, decoder.builder))
 
 
-def _no_sync() -> None:
-    """What the loop calls instead of :meth:`Decoder._sync` where the device runs synchronously (the CPU)."""
+class Pieces:
+    """The stream pieces of one request: the tokens and text each call added, then the whole result.
+
+    Args:
+        stepper: The request.
+    """
+
+    def __init__(self, stepper: Stepper) -> None:
+        decoder = stepper.decoder
+        stops = [decoder.model.decode(s) for s in decoder.stop_sequences] + list(decoder.stop_texts)
+        self.stepper, self.text, self.sent = stepper, IncrementalText(decoder.model.decode, stops), 0
+
+    def next(self) -> StreamPiece | None:
+        """The piece the last call added (``None`` when it added no output token)."""
+        ids = self.stepper.state.output_ids()
+        if len(ids) <= self.sent:
+            return None
+        piece = StreamPiece(self.text.update(ids), ids[self.sent :])
+        self.sent = len(ids)
+        return piece
+
+    def last(self) -> StreamPiece:
+        """The last piece, with the :class:`Generation`."""
+        result = self.stepper.result()
+        return StreamPiece(self.text.finish(result.output_ids, result.text), result.output_ids[self.sent :], result)
+
+
+def _per_request(value: Any, count: int, name: str) -> list[Any]:
+    """``value`` for each of ``count`` requests: one value (or ``None``) for all, or a list of one per request."""
+    if value is None or as_integer(value) is not None:
+        return [value] * count
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise InputError(f"{name} must be one integer or a list of one per prompt, got {type(value).__name__}")
+    if len(value) != count:
+        raise InputError(f"{name} has {len(value)} entries for {count} prompts; give one per prompt")
+    return list(value)
+
+
+def _copy_of(schedule: Schedule) -> Schedule:
+    """A shallow copy of ``schedule`` for one request of a batch, blamed on the same plugin.
+
+    One schedule object serves the requests of :meth:`Decoder.generate` one after the other; interleaved
+    requests each get a copy, so that what a schedule keeps on ``self`` between its ``plan`` and ``update``
+    stays the request's own (objects it holds, such as learned statistics, stay shared).
+    """
+    copied = copy.copy(schedule)
+    entry = entry_of(schedule)
+    if entry is not None:
+        remember(copied, entry)
+    return copied
 
 
 def token_id_list(value: Any, name: str) -> list[int]:
@@ -455,16 +643,6 @@ def token_id_list(value: Any, name: str) -> list[int]:
         except TypeError:
             raise InputError(f"{hint}; entry {index} is {type(item).__name__} {item!r:.40}") from None
     return ids
-
-
-def _unverified(state: DecodeState) -> str:
-    """The ledger problem: tokens accepted into ``state`` without a verdict."""
-    extra = state.offered - state.granted
-    return (
-        f"it accepted {extra} token(s) more than the verifier's verdicts allowed ({state.offered} accepted, "
-        f"{state.granted} with a verdict); accept tokens only through verify_planned_chain, verify_and_propose "
-        "or accept_verdict, or declare the schedule lossy with exact = False"
-    )
 
 
 def _stop_reason(state: DecodeState, output: list[int], limit: int) -> str:

@@ -46,6 +46,9 @@ class Metrics:
             generation; one per generation after :meth:`merge`).
         choices: Per call, what planned it and at which width: ``(label, width)``, e.g. ``("packed/w4", 4)``
             or ``("ar", 0)`` under ``width: "auto"``; the schedule's name and the decoder's W otherwise.
+        batch_rows: Per call, the rows of the forward that evaluated it: all requests' rows of a batched
+            forward (:meth:`~specframe.decoder.Decoder.generate_many`), the call's own rows alone. A batched
+            forward's whole time counts as each of its requests' model time.
     """
 
     nfe: int = 0
@@ -56,6 +59,7 @@ class Metrics:
     model_s: float = 0.0
     prompt_calls: list[int] = field(default_factory=lambda: [0])
     choices: list[tuple[str, int]] = field(default_factory=list)
+    batch_rows: list[int] = field(default_factory=list)
 
     @classmethod
     def merge(cls, parts: Iterable[Metrics]) -> Metrics:
@@ -74,6 +78,7 @@ class Metrics:
             pooled.wall_s += part.wall_s
             pooled.model_s += part.model_s
             pooled.choices.extend(part.choices)
+            pooled.batch_rows.extend(part.batch_rows)
         return pooled
 
     @property
@@ -158,6 +163,7 @@ class Metrics:
             "tokens_per_nfe": self.tokens_per_nfe,
             "rows_per_call_max": self.rows_per_call_max,
             "rows_per_call": list(self.rows_per_call),
+            "batch_rows": list(self.batch_rows),
             "accept_lengths": self.accept_lengths,
             "wall_s": self.wall_s,
             "model_s": self.model_s,

@@ -3,7 +3,9 @@
 The state knows which output positions hold accepted tokens, which accepted tokens are still pending (not
 in the KV cache), the stored draft tokens with their proposals, and the last output position ``end`` (E in
 the paper's Algorithm 3), which an accepted EOS token or a completed stop sequence moves earlier. It knows no
-model family: schedules read it to build plans and write acceptance outcomes back into it.
+model family. Schedules read it to build plans and keep their drafts in it; the accepted tokens, ``end`` and
+``pending`` are written by the request's :class:`~specframe.ledger.CacheLedger` alone, from the verdicts the
+schedule returns.
 """
 
 from __future__ import annotations
@@ -97,9 +99,9 @@ class DecodeState:
             library never reads. One schedule object serves every request of a decoder (and streamed
             requests may interleave), so a schedule keeps what it must remember between the calls of one
             request here, under keys of its own (its name, say), never on ``self``.
-        granted: Tokens verdicts allowed so far (what :func:`~specframe.schedules.base.accept_verdict`
-            passed on); with ``offered``, the ledger the decoder checks after every call.
-        offered: Tokens passed to :meth:`accept` so far.
+        pending: Accepted ``(position, token)`` pairs not yet in the KV cache, in acceptance order (what a
+            plan hands the next call; the prompt before the first call).
+        highest: No accepted output position is higher (an upper bound).
     """
 
     prompt: tuple[int, ...]
@@ -111,23 +113,15 @@ class DecodeState:
     verifications: list[Verification] = field(default_factory=list)
     calls: int = 0
     scratch: dict[str, Any] = field(default_factory=dict)
-    granted: int = 0
-    offered: int = 0
 
     def __post_init__(self) -> None:
         self.prompt = tuple(int(t) for t in self.prompt)
         self.start = len(self.prompt)
         self.end = self.start + self.max_new_tokens - 1
-        self._generation: list[int] = list(range(self.start))  # accepted positions, in acceptance order
-        self._cached: set[int] = set()
-        self._cached_prefix = 0  # entries of _generation known to be cached, from the front
+        self.generation: list[int] = list(range(self.start))  # accepted positions, in acceptance order
+        self.pending: tuple[tuple[int, int], ...] = tuple(enumerate(self.prompt))
         self._frontier = self.start
-        self._highest = self.start - 1  # no accepted output position is higher (an upper bound)
-        self.stale_cached: set[int] = set()
-        self._text_scanned = self.start - 1  # the contiguous output up to here holds no stop text
-        # Token window whose text holds any stop text that ends at its last token (a token is >= 1 byte, or a
-        # special token decoded to nothing: twice the bytes leave room for those).
-        self._text_window = 2 * max((len(s.encode("utf-8")) for s in self.ctx.stop_texts), default=0) + 4
+        self.highest = self.start - 1
         # The width of the call being planned: the context's W, unless a schedule that chooses the width
         # per call (width "auto") sets it before planning.
         self.width = self.ctx.width
@@ -145,19 +139,9 @@ class DecodeState:
         """Whether ``position`` holds a prompt or accepted token."""
         return position < self.start or position in self.tokens
 
-    @property
-    def pending(self) -> tuple[tuple[int, int], ...]:
-        """Accepted ``(position, token)`` pairs not yet in the KV cache, in generation order."""
-        generation, cached, prefix = self._generation, self._cached, self._cached_prefix
-        while prefix < len(generation) and generation[prefix] in cached:
-            prefix += 1
-        self._cached_prefix = prefix
-        start, prompt, tokens = self.start, self.prompt, self.tokens
-        return tuple([(p, prompt[p] if p < start else tokens[p]) for p in generation[prefix:] if p not in cached])
-
     def generation_order(self) -> list[int]:
         """Every accepted position (prompt included) in the order it was accepted."""
-        return list(self._generation)
+        return list(self.generation)
 
     def leftmost_unresolved(self) -> int | None:
         """The first output position without an accepted token, or ``None`` when generation is complete."""
@@ -197,7 +181,7 @@ class DecodeState:
             right = min(self.end, left + width - 1)
             return [p for p in range(left, right + 1) if p not in tokens and p not in assumed]
         right = min(self.end, left + width - 1)
-        if self._highest < left:  # nothing resolved past the frontier (always so when decoding left to right)
+        if self.highest < left:  # nothing resolved past the frontier (always so when decoding left to right)
             return list(range(left, right + 1))
         return [p for p in range(left, right + 1) if p not in tokens]
 
@@ -210,49 +194,7 @@ class DecodeState:
             out.append(self.tokens[position])
         return out
 
-    # -- writing -----------------------------------------------------------------------------------------
-    def accept(self, pairs: Sequence[tuple[int, int]]) -> int:
-        """Append accepted ``(position, token)`` pairs in generation order and apply the stopping rules.
-
-        An EOS token at position ``j`` sets ``end = min(end, j)``; a stop sequence whose tokens are all
-        accepted sets ``end`` to its last position (the earliest-ending one wins). Tokens beyond ``end`` are
-        discarded, also ones accepted earlier (any-order verification can accept them before the EOS).
-
-        Returns:
-            How many of ``pairs`` are kept.
-        """
-        new: list[int] = []
-        tokens, eos, end, start = self.tokens, self.ctx.eos_token_ids, self.end, self.start
-        self.offered += len(pairs)
-        for position, token in pairs:
-            if position > self.end:
-                continue
-            if position < start or position in tokens:
-                raise RuntimeError(f"position {position} is already resolved; a schedule accepted it twice")
-            tokens[position] = int(token)
-            new.append(position)
-            if token in eos:
-                self.end = min(self.end, position)
-        self._generation.extend(new)
-        if new:
-            self._highest = max(self._highest, *new)
-        if self.ctx.stop_sequences:
-            self._apply_stop_sequences(new)
-        if self.ctx.stop_texts and new:
-            self._apply_stop_texts()
-        drafts, scores = self.drafts, self.scores
-        for position in new:
-            drafts.pop(position, None)
-            scores.pop(position, None)
-        if self.end < end:  # tokens beyond ``end`` exist only if this call moved it
-            self._prune_beyond_end()
-            return sum(1 for p in new if p in tokens)
-        return len(new)
-
-    def mark_cached(self, positions: Iterable[int]) -> None:
-        """Record that ``positions`` now have their keys and values in the KV cache."""
-        self._cached |= set(positions)
-
+    # -- writing (schedules) -------------------------------------------------------------------------------
     def set_drafts(self, drafts: dict[int, DraftRef], scores: dict[int, float]) -> None:
         """Replace the stored draft with new draft tokens (kept only at unresolved positions <= end)."""
         start, end, tokens = self.start, self.end, self.tokens
@@ -260,54 +202,5 @@ class DecodeState:
         self.scores = {p: s for p, s in scores.items() if start <= p <= end and p not in tokens} if scores else {}
 
     def record(self, drafted: int, accepted: int, appended: int) -> None:
-        """Record a verification outcome for the metrics."""
+        """Record a verification outcome for the metrics (the ledger does, for every verdict it settles)."""
         self.verifications.append(Verification(drafted, accepted, appended))
-
-    def _apply_stop_sequences(self, new: list[int]) -> None:
-        for sequence in self.ctx.stop_sequences:
-            length = len(sequence)
-            for position in new:
-                for first in range(max(self.start, position - length + 1), position + 1):
-                    last = first + length - 1
-                    if last > self.end:
-                        continue
-                    if all(self.tokens.get(first + i) == sequence[i] for i in range(length)):
-                        self.end = min(self.end, last)
-
-    def _apply_stop_texts(self) -> None:
-        """End at the first output token whose text completes a stop text, scanning the contiguous output.
-
-        Positions past a gap (any-order verification) are scanned once the gap is filled, so the end is the
-        one plain AR finds.
-        """
-        tokens, texts, decode = self.tokens, self.ctx.stop_texts, self.ctx.decode
-        assert decode is not None  # DecodeContext refuses stop texts without it
-        position = self._text_scanned + 1
-        while position <= self.end and position in tokens:
-            first = max(self.start, position - self._text_window + 1)
-            text = decode([tokens[p] for p in range(first, position + 1)])
-            if any(stop in text for stop in texts):
-                self.end = self._text_scanned = position
-                return
-            position += 1
-        self._text_scanned = position - 1
-
-    def _prune_beyond_end(self) -> None:
-        beyond = [p for p in self.tokens if p > self.end]
-        if not beyond:
-            return
-        for position in beyond:
-            del self.tokens[position]
-        self._highest = max(self.tokens, default=self.start - 1)
-        dropped = set(beyond)
-        # Tokens accepted after a dropped one were cached with it in their context: their keys and values
-        # must be recomputed without it (they become pending again), so that the verifier conditions on the
-        # restricted prefix exactly (Algorithm 3, line 12).
-        first = min(i for i, p in enumerate(self._generation) if p in dropped)
-        stale = {p for p in self._generation[first:] if p in self._cached}
-        self.stale_cached |= stale
-        self._cached -= stale
-        self._cached_prefix = min(self._cached_prefix, first)
-        self._generation = [p for p in self._generation if p not in dropped]
-        self.drafts = {p: d for p, d in self.drafts.items() if p <= self.end}
-        self.scores = {p: s for p, s in self.scores.items() if p <= self.end}

@@ -6,6 +6,7 @@ distribution under sampling.
 
 from __future__ import annotations
 
+from specframe.acceptance.base import Verdict
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult
 from specframe.schedules.base import Schedule, verify_planned_chain
@@ -24,9 +25,9 @@ class ARSchedule(Schedule):
         position = state.leftmost_unresolved()
         return CallPlan(pending=state.pending, order=(position,), chain=(), num_verify=1, drafts=(), width=1)
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """Take the verifier's token (argmax or sample) and accept it; no draft is ever accepted."""
-        return verify_planned_chain(state, plan, result).accepted
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
+        """The verifier's token (argmax or sample); no draft is ever accepted."""
+        return verify_planned_chain(state, plan, result)
 
 
 @hookimpl

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import torch
 
-from specframe.acceptance.base import DraftRef, Proposals
+from specframe.acceptance.base import DraftRef, Proposals, Verdict
 from specframe.auto.costs import CostModel
 from specframe.auto.policy import WidthPolicy
 from specframe.auto.rates import AR, Candidate
@@ -44,11 +44,11 @@ class DraftlessCall(Schedule):
             return CallPlan(pending=state.pending, order=(position,), chain=(), num_verify=1, drafts=(), width=0)
         return window_plan(state, verification_window(state), (), width=0)
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """Accept what the verifier decides and drop the rest of the stored draft."""
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
+        """The verifier's verdict; drop the rest of the stored draft."""
         verdict = verify_planned_chain(state, plan, result)
         store_drafts(state, (), None)
-        return verdict.accepted
+        return verdict
 
 
 class AutoSchedule(Schedule):
@@ -155,26 +155,27 @@ class AutoSchedule(Schedule):
         if not state.first_call and self.policy is not None:
             self.policy.observe_call(rows, seconds, state.start + len(state.tokens), batch_rows)
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """Let the planning schedule apply the result; tell the policy what its verification accepted."""
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict | None:
+        """Let the planning schedule judge the result; tell the policy what its verification accepted."""
         policy = self.policy
         if not plan.chain and policy.current.kind == "ar":  # a plain AR call: nothing to learn, nothing stored
-            accepted = verify_planned_chain(state, plan, result).accepted
+            verdict = verify_planned_chain(state, plan, result)
             if state.drafts or state.scores:
                 state.set_drafts({}, {})
             self._offsets = {}
             policy.observe_verification((), 0, 1)
-            return accepted
+            return verdict
         known = []
         for position in plan.chain_positions if plan.num_verify else ():
             entry = self._offsets.get(position)
             if entry is None:
                 break
             known.append(entry)
-        accepted = self._planners[policy.current].update(state, plan, result)
+        verdict = self._planners[policy.current].update(state, plan, result)
+        accepted = 0 if verdict is None else verdict.accepted
         policy.observe_verification(known, accepted, accepted + (plan.num_verify > accepted))
         self._offsets = _draft_offsets(state, plan)
-        return accepted
+        return verdict
 
     def _start_request(self, state: DecodeState) -> None:
         ctx = state.ctx
@@ -201,7 +202,7 @@ class AutoSchedule(Schedule):
     def _steady_plan(self, candidate: Candidate, kappa: int) -> CallPlan:
         """The plan ``candidate`` makes mid-request: one pending token, ``kappa`` stored drafts after it."""
         state = DecodeState((0, 0), 4 * (self._ctx.width + 2), self._ctx)
-        state.mark_cached([0])
+        state.pending = ((1, 0),)  # the prompt's first token is cached
         state.calls = 1
         state.width = max(candidate.width, 1)
         if kappa:

@@ -8,7 +8,7 @@ express reaches it as :class:`~specframe.state.LayoutTraits`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -20,6 +20,9 @@ from specframe.state import DecodeState
 
 #: Widths ``width: "auto"`` considers (up to the decoder's width, at most 16).
 AUTO_WIDTHS = (*range(1, 9), 10, 12, 16)
+
+if TYPE_CHECKING:
+    from specframe.ledger import Guess
 
 
 class Schedule(ABC):
@@ -43,9 +46,10 @@ class Schedule(ABC):
     #: Whether the schedule commits only what the acceptance rule verified, so that the output is the
     #: verifier's: ``True`` for the built-in speculative schedules, ``False`` for a lossy one (the ``native``
     #: decoders), ``None`` when not declared (then not assumed exact). A schedule that is not declared
-    #: ``False`` may commit only tokens with a verdict (from :func:`verify_planned_chain`,
-    #: :func:`verify_and_propose` or :func:`accept_verdict`); the decoder raises a ``PluginError`` naming it
-    #: otherwise. A subclass of a built-in schedule declares its own (see :mod:`specframe.exactness`).
+    #: ``False`` commits only tokens with a verdict: its ``update`` returns a ``Verdict`` (from
+    #: :func:`verify_planned_chain` or :func:`verify_and_propose`), never a :class:`~specframe.ledger.Guess`;
+    #: the decoder raises a ``PluginError`` naming it otherwise. A subclass of a built-in schedule declares
+    #: its own (see :mod:`specframe.exactness`).
     exact: bool | None = None
 
     @abstractmethod
@@ -53,13 +57,15 @@ class Schedule(ABC):
         """The next call to make (only called while ``state.done`` is False)."""
 
     @abstractmethod
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """Apply the result of ``plan``'s call: accept tokens, store new drafts and scores.
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict | Guess | None:
+        """Judge the result of ``plan``'s call and store the next draft (and scores); accept nothing yourself.
 
         Returns:
-            How many of ``plan``'s chain tokens (draft tokens) were accepted, ``verdict.accepted`` of
-            :func:`verify_planned_chain`; 0 when the call verified nothing. The decoder keeps exactly those
-            draft rows (and the pending tokens) in the KV cache.
+            What the call decided, for the request's :class:`~specframe.ledger.CacheLedger` to accept: the
+            ``Verdict`` of :func:`verify_planned_chain` / :func:`verify_and_propose` when the plan verified
+            something (``num_verify > 0``), ``None`` for a drafting-only call, or a
+            :class:`~specframe.ledger.Guess` of unverified tokens from a lossy schedule (``exact = False``).
+            Drafts stored here at positions the verdict resolves are dropped when it is accepted.
         """
 
     def width_candidates(self, maximum: int) -> tuple[int, ...]:
@@ -165,34 +171,13 @@ def planned_chain(state: DecodeState, plan: CallPlan) -> tuple[DraftRef, ...]:
     return tuple([drafts[p] for p in plan.order[: len(plan.chain)]])
 
 
-def accept_verdict(state: DecodeState, plan: CallPlan, chain: tuple[DraftRef, ...], verdict: Verdict) -> int:
-    """Accept the verified drafts and the verifier's token; record the outcome.
-
-    The accepted drafts' tokens are read from ``plan.chain`` (the tokens of ``chain``, which the plan was
-    built from), so that no proposal batch is read again.
-
-    Returns:
-        The number of tokens the verification added (h + 1, or h without a verifier token), before the
-        stopping rules; the state applies EOS, stop sequences and the length limit.
-    """
-    accepted, token = verdict.accepted, verdict.token
-    pairs = list(zip(plan.order[:accepted], plan.chain[:accepted], strict=True))  # the plan holds their tokens
-    if token is not None:
-        pairs.append((plan.order[accepted], token))
-    state.granted += len(pairs)
-    kept = state.accept(pairs)
-    state.record(drafted=len(chain), accepted=verdict.accepted, appended=kept)
-    return len(pairs)
-
-
 def verify_planned_chain(state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
-    """Run the acceptance rule on ``plan``'s chain and accept its outcome; returns the verdict."""
+    """Run the acceptance rule on ``plan``'s chain; returns the verdict (for ``update`` to return)."""
     ctx = state.ctx
     chain = planned_chain(state, plan)
     verdict = ctx.rule.verify(chain, result.verify_logits, ctx.generator)
     if not isinstance(verdict, Verdict):
         raise contract_error(ctx.rule, "acceptance rule", f"verify() returned {type(verdict).__name__}, not a Verdict")
-    accept_verdict(state, plan, chain, verdict)
     return verdict
 
 
@@ -200,8 +185,8 @@ def verify_and_propose(state: DecodeState, plan: CallPlan, result: CallResult) -
     """Verify ``plan``'s chain and propose its first draft group from one call (Packed-SS's step).
 
     The acceptance rule treats verifier and drafter rows together (:meth:`AcceptanceRule.propose_and_verify`),
-    and the verdict and the proposals reach the host in one transfer. The verdict is accepted into the state;
-    the proposals are returned for :func:`store_drafts` (``None`` when the group has no targets).
+    and the verdict and the proposals reach the host in one transfer. The proposals are for :func:`store_drafts`
+    (``None`` when the group has no targets); ``update`` returns the verdict.
     """
     ctx = state.ctx
     chain = planned_chain(state, plan)
@@ -220,7 +205,6 @@ def verify_and_propose(state: DecodeState, plan: CallPlan, result: CallResult) -
     if proposals is not None and ctx.order.uses_scores:
         proposals.with_scores()
     read_together(verdict, proposals)
-    accept_verdict(state, plan, chain, verdict)
     return verdict, proposals
 
 

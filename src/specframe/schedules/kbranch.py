@@ -18,6 +18,7 @@ rejection sampling verifies every token against its own proposal distribution an
 
 from __future__ import annotations
 
+from specframe.acceptance.base import Verdict
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.schedules.base import Schedule, store_group, verification_window, verify_planned_chain, window_plan
@@ -61,16 +62,16 @@ class KBranchSchedule(Schedule):
             groups.append(DraftGroup(context=min(outcome - 1, len(window.chain)), targets=targets))
         return window_plan(state, window, tuple(groups))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
         """Verify, then keep the branch of the outcome that occurred, else the prefix group.
 
         Returns:
-            The number of draft tokens accepted.
+            The verdict.
         """
         verdict = verify_planned_chain(state, plan, result)
         outcome = verdict.accepted + (1 if verdict.token is not None else 0)
         store_group(state, plan, result, branch_for(plan, outcome))
-        return verdict.accepted
+        return verdict
 
 
 def branch_for(plan: CallPlan, outcome: int) -> int:

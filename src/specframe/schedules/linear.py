@@ -9,10 +9,11 @@ verification (appendix E.6); the order is fixed before the drafting call.
 
 from __future__ import annotations
 
+from specframe.acceptance.base import Verdict
 from specframe.hookspecs import hookimpl
 from specframe.hostread import HostCopy, read_together
 from specframe.plan import CallPlan, CallResult
-from specframe.schedules.base import Schedule, accept_verdict, draft_plan, planned_chain, store_group, verify_only_plan
+from specframe.schedules.base import Schedule, draft_plan, planned_chain, store_group, verify_only_plan
 from specframe.state import DecodeState
 
 
@@ -29,20 +30,19 @@ class LinearSchedule(Schedule):
             return verify_only_plan(state)
         return draft_plan(state, tuple(state.window()))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict | None:
         """Store a fresh draft, or verify one and remember the verifier's confidence per position."""
         if plan.num_verify == 0:
             store_group(state, plan, result, keep_scores=True)
-            return 0
+            return None
         ctx = state.ctx
         chain = planned_chain(state, plan)
         verdict = ctx.rule.verify(chain, result.verify_logits, ctx.generator)
         confidence = HostCopy(verdict.scores) if ctx.order.uses_scores else None
         read_together(verdict, confidence)  # one host transfer for the outcome and the scores
-        accept_verdict(state, plan, chain, verdict)
         scores = dict(zip(plan.order[: plan.num_verify], confidence.values, strict=True)) if confidence else {}
         state.set_drafts({}, scores)
-        return verdict.accepted
+        return verdict
 
 
 @hookimpl

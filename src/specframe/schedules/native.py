@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from specframe.ledger import Guess
 from specframe.schedules.base import Schedule
 from specframe.state import DecodeState
 
@@ -34,20 +35,14 @@ class NativeSchedule(Schedule):
             raise ValueError(f"threshold must be a number in (0, 1], got {threshold!r}")
         self.threshold = float(threshold)
 
-    def commit_confident(self, state: DecodeState, targets: tuple[int, ...], logits: torch.Tensor) -> int:
-        """Propose ``targets`` from ``logits`` and accept the most confident and every confident proposal.
-
-        Returns:
-            0: no draft token is ever accepted (what :meth:`Schedule.update` returns).
-        """
+    def commit_confident(self, state: DecodeState, targets: tuple[int, ...], logits: torch.Tensor) -> Guess:
+        """Propose ``targets`` from ``logits``; the most confident and every confident proposal, as a guess."""
         proposals = state.ctx.rule.propose(logits, state.ctx.generator)
         scores = proposals.score_list
         tokens = proposals.token_list
         best = max(range(len(targets)), key=lambda i: (scores[i], -i))
         chosen = [i for i in range(len(targets)) if i == best or scores[i] >= self.threshold]
-        kept = state.accept([(targets[i], tokens[i]) for i in chosen])
-        state.record(drafted=0, accepted=0, appended=kept)
-        return 0
+        return Guess(tuple((targets[i], tokens[i]) for i in chosen))
 
     def describe(self) -> dict[str, object]:
         """Name and threshold."""

@@ -9,7 +9,9 @@ output is the diffusion decoder's, not the AR model's.
 
 from __future__ import annotations
 
+from specframe.acceptance.base import Verdict
 from specframe.hookspecs import hookimpl
+from specframe.ledger import Guess
 from specframe.plan import CallPlan, CallResult
 from specframe.schedules.base import draft_plan, verify_only_plan, verify_planned_chain
 from specframe.schedules.native import NativeSchedule
@@ -31,10 +33,10 @@ class BlockDiffusionSchedule(NativeSchedule):
             return verify_only_plan(state)
         return draft_plan(state, tuple(open_slots))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict | Guess:
         """Take the seed from a causal call, or commit the confident slots of a diffusion step."""
         if plan.num_verify:
-            return verify_planned_chain(state, plan, result).accepted
+            return verify_planned_chain(state, plan, result)
         return self.commit_confident(state, plan.drafts[0].targets, result.draft_logits[0])
 
     def _open_slots(self, state: DecodeState) -> list[int]:

@@ -10,6 +10,7 @@ verification: the output is the diffusion decoder's, not the any-order AR model'
 from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
+from specframe.ledger import Guess
 from specframe.plan import CallPlan, CallResult
 from specframe.schedules.base import draft_plan
 from specframe.schedules.native import NativeSchedule
@@ -27,7 +28,7 @@ class SlidingWindowSchedule(NativeSchedule):
         """Predict every unresolved position of the window from the decoded context."""
         return draft_plan(state, tuple(state.window()))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Guess:
         """Commit the confident predictions."""
         return self.commit_confident(state, plan.drafts[0].targets, result.draft_logits[0])
 

@@ -14,6 +14,7 @@ responses here count one NFE fewer than that protocol.
 
 from __future__ import annotations
 
+from specframe.acceptance.base import Verdict
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.schedules.base import Schedule, store_drafts, verification_window, verify_and_propose, window_plan
@@ -37,14 +38,14 @@ class PackedSchedule(Schedule):
             targets = window.window
         return window_plan(state, window, (DraftGroup(context=0, targets=targets),))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
         """Verify against the stored proposals, then keep the fresh proposals at unresolved positions.
 
         Both come from the same call's logits and reach the host in one transfer (:func:`verify_and_propose`).
         """
         verdict, proposals = verify_and_propose(state, plan, result)
         store_drafts(state, plan.drafts[0].targets, proposals)
-        return verdict.accepted
+        return verdict
 
 
 @hookimpl

@@ -8,6 +8,7 @@ Under sampling, only the selected branch is sampled (appendix E.4).
 
 from __future__ import annotations
 
+from specframe.acceptance.base import Verdict
 from specframe.hookspecs import hookimpl
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.schedules.base import Schedule, store_group, verification_window, verify_planned_chain, window_plan
@@ -32,12 +33,12 @@ class QuadraticSchedule(Schedule):
             groups.append(DraftGroup(context=min(outcome - 1, kappa), targets=targets))
         return window_plan(state, window, tuple(groups))
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
         """Verify, then sample the draft from the branch that matches the outcome."""
         verdict = verify_planned_chain(state, plan, result)
         outcome = verdict.accepted + (1 if verdict.token is not None else 0)
         store_group(state, plan, result, outcome - 1)
-        return verdict.accepted
+        return verdict
 
 
 @hookimpl

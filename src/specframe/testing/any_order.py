@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specframe.acceptance.greedy import GreedyAcceptance
+from specframe.ledger import Outcome, outcome_pairs
 from specframe.plan import CallPlan, CallResult
 from specframe.schedules.base import Schedule
 from specframe.state import DecodeState
@@ -88,23 +89,13 @@ class RecordingSchedule(Schedule):
         """The wrapped schedule's plan."""
         return self.inner.plan(state)
 
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """The wrapped schedule's update, with ``state.accept`` recording what it accepts."""
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Outcome:
+        """The wrapped schedule's update, recording the tokens its outcome accepts."""
         context = tuple((p, state.token_at(p)) for p in state.generation_order())
-        accepted: list[tuple[int, int]] = []
-        accept = state.accept
-
-        def recording_accept(pairs: Sequence[tuple[int, int]]) -> int:
-            accepted.extend((int(p), int(t)) for p, t in pairs if p <= state.end)
-            return accept(pairs)
-
-        state.accept = recording_accept  # type: ignore[method-assign]
-        try:
-            drafts_accepted = self.inner.update(state, plan, result)
-        finally:
-            del state.accept
-        self.calls.append(AcceptedCall(context, tuple(accepted)))
-        return drafts_accepted
+        outcome = self.inner.update(state, plan, result)
+        accepted = tuple((int(p), int(t)) for p, t in outcome_pairs(plan, outcome) if p <= state.end)
+        self.calls.append(AcceptedCall(context, accepted))
+        return outcome
 
     def describe(self) -> dict[str, object]:
         """The wrapped schedule's description."""

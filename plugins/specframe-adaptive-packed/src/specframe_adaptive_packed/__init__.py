@@ -16,6 +16,7 @@ the AR model's: token for token under greedy decoding, in distribution under rej
 from __future__ import annotations
 
 from specframe import hookimpl
+from specframe.acceptance.base import Verdict
 from specframe.plan import CallPlan, CallResult, DraftGroup
 from specframe.schedules.base import Schedule, store_group, verification_window, verify_planned_chain, window_plan
 from specframe.state import DecodeState
@@ -39,7 +40,7 @@ class AdaptivePackedSchedule(Schedule):
             schedule).
     """
 
-    exact = True  # every committed token comes from verify_planned_chain
+    exact = True  # update returns the verdict of verify_planned_chain: every committed token has one
 
     name = "adaptive-packed"
 
@@ -123,14 +124,14 @@ class AdaptivePackedSchedule(Schedule):
     # --8<-- [end:plan]
 
     # --8<-- [start:update]
-    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> int:
-        """Verify with the library's acceptance rule, keep the fresh proposals (or none); return accepted drafts."""
+    def update(self, state: DecodeState, plan: CallPlan, result: CallResult) -> Verdict:
+        """Verify with the library's acceptance rule, keep the fresh proposals (or none); return the verdict."""
         verdict = verify_planned_chain(state, plan, result)
         if plan.drafts:
             store_group(state, plan, result)
         else:
             state.set_drafts({}, {})  # what is left of a rejected draft is not checked again
-        return verdict.accepted
+        return verdict  # specframe's ledger accepts it and keeps the cache
 
     # --8<-- [end:update]
 

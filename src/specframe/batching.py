@@ -1,0 +1,64 @@
+"""Continuous batching: many requests' calls packed into one model forward per step.
+
+Each step, every active request's :class:`~specframe.decoder.Stepper` prepares its next call; the calls run
+in one :meth:`~specframe.models.base.ModelBackend.forward_many` (each against its own request's cache, so
+attention never crosses requests); each request then finishes its call. Finished requests leave between
+steps and waiting ones join, up to ``max_batch`` in flight. A request's tokens depend only on its own calls,
+so its output is what it gets decoded alone.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from specframe.decoder import Stepper
+    from specframe.models.base import ModelBackend
+    from specframe.models.cache import KVCache
+    from specframe.plan import PhysicalCall
+
+
+def forward_calls(model: ModelBackend, batch: Sequence[tuple[KVCache, PhysicalCall]]) -> list[torch.Tensor]:
+    """Logits of each ``(cache, call)`` item: the decoder's one way of calling a model.
+
+    One item runs the model's plain forward; several run its ``forward_many`` (one pass where the backend
+    batches, one forward per item otherwise).
+    """
+    if len(batch) == 1:
+        cache, call = batch[0]
+        return [model.forward(cache, call)]
+    return model.forward_many(batch)
+
+
+def run(
+    model: ModelBackend, steppers: Sequence[Stepper], max_batch: int, sync: Callable[[], None]
+) -> Iterator[tuple[int, Stepper]]:
+    """Decode ``steppers`` with up to ``max_batch`` in flight, admitting them in order.
+
+    Yields ``(index, stepper)`` after each of a request's calls (``stepper.done`` after its last).
+
+    Args:
+        model: The model every request runs on.
+        steppers: The requests, not started.
+        max_batch: Most requests per forward.
+        sync: Waits for the device (so a forward's time is its own).
+    """
+    waiting, active = deque(range(len(steppers))), []
+    while waiting or active:
+        while waiting and len(active) < max_batch:
+            active.append(waiting.popleft())
+        calls = [(index, steppers[index].prepare()) for index in active]
+        started = time.perf_counter()
+        outputs = forward_calls(model, [(steppers[index].cache, call) for index, call in calls])
+        sync()
+        seconds = time.perf_counter() - started
+        rows = sum(call.num_rows for _, call in calls)
+        for (index, _), logits in zip(calls, outputs, strict=True):
+            steppers[index].finish(logits, seconds, rows)
+            yield index, steppers[index]
+        active = [index for index in active if not steppers[index].done]
