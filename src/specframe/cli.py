@@ -35,6 +35,7 @@ EXTERNAL_COMMANDS = {
     "convert": "specframe.convert.cli",
     "train-drafter": "specframe.training.drafter_cli",
     "pull": "specframe.convert.pull_cli",
+    "serve": "specframe.serve.cli",
 }
 # What `specframe --help` says about them without importing them.
 EXTERNAL_HELP = {
@@ -44,6 +45,7 @@ EXTERNAL_HELP = {
     "convert": "convert an AR checkpoint (GGUF or transformers Llama/Mistral/Qwen3) into a specframe model folder",
     "train-drafter": "train the drafter (proposal LoRA) of a converted model on its own greedy text",
     "pull": "fetch and convert a named real model (e.g. smollm2-135m) for offline use",
+    "serve": "serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)",
 }
 
 
@@ -108,7 +110,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         epilog="`specframe COMMAND --help` lists a command's options.",
     )
     sub = parser.add_subparsers(
-        dest="command", metavar="{plugins,generate,bench,train,calibrate,convert,train-drafter,pull}"
+        dest="command", metavar="{plugins,generate,bench,train,calibrate,convert,train-drafter,pull,serve}"
     )
     parser.subcommands = sub.choices  # type: ignore[attr-defined]
     plugins = sub.add_parser("plugins", help="list registered plugins as JSON")

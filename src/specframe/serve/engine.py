@@ -1,0 +1,457 @@
+"""The engine: one background thread that owns the model's decoders and steps every active request.
+
+The event loop (the HTTP side) never touches a decoder. It hands the engine a validated
+:class:`~specframe.serve.protocol.Job` through :meth:`Engine.submit`, which returns a :class:`Submission`;
+the engine sends that submission's events back through the loop's ``call_soon_threadsafe`` into an
+``asyncio.Queue``. Between steps the engine admits waiting requests (up to ``max_active``) and retires
+finished or cancelled ones: continuous batching.
+
+One step advances every active request by one model call. How is the job of a :class:`Batch`:
+
+* :class:`RoundRobinBatch` (today) keeps one :meth:`Decoder.stream <specframe.decoder.Decoder.stream>`
+  iterator per request and takes one piece from each in turn: one model call per request per step.
+* A batched implementation packs the step's calls of all active requests into one forward
+  (``Decoder.stream_many`` / the per-request stepper's ``prepare()``, ``model.forward_many``, ``finish()``).
+  It implements the same four methods and is passed as ``Engine(batch=...)``; nothing else changes.
+
+Each request decodes with a decoder of its own, checked out of a :class:`DecoderPool` for its options and
+returned when it ends: schedules may keep per-request state on themselves (``width: "auto"`` does), so two
+requests in flight never share one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from specframe.decoder import Decoder, Generation, StreamPiece
+from specframe.errors import SpecframeError
+from specframe.serve.metrics import ServerMetrics
+from specframe.serve.protocol import APIError, DecodeOptions, Job
+
+log = logging.getLogger("specframe.serve")
+
+
+@dataclass
+class Event:
+    """What the engine tells the HTTP side about a request.
+
+    Attributes:
+        kind: ``"started"`` (admitted; ``info`` describes the decoder), ``"tokens"`` (``ids`` were generated),
+            ``"done"`` (``generation`` is the result) or ``"error"`` (``error`` says why it ended).
+    """
+
+    kind: str
+    ids: list[int] = field(default_factory=list)
+    generation: Generation | None = None
+    error: APIError | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Submission:
+    """The HTTP side's handle on a submitted job: its events, and a way to cancel it.
+
+    Args:
+        job: The job.
+        loop: The event loop that awaits the events.
+        engine: The engine it was submitted to.
+    """
+
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop, engine: Engine) -> None:
+        self.job = job
+        self.loop = loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = False
+        self.ended = False  # the engine is done with it (set by the engine thread)
+        self._engine = engine
+
+    def post(self, event: Event) -> None:
+        """Deliver ``event`` to the event loop (from any thread; dropped if the loop is gone)."""
+        with contextlib.suppress(RuntimeError):  # the loop was closed: nobody is waiting
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    async def next(self) -> Event:
+        """The next event."""
+        return await self.events.get()
+
+    def cancel(self) -> None:
+        """Stop decoding this job (the client went away); harmless once it has ended."""
+        if not self.cancelled and not self.ended:
+            self.cancelled = True
+            self._engine.cancel(self)
+
+
+@dataclass
+class Progress:
+    """What one step did for one request: new token ids, the result once it ended, or the error it raised."""
+
+    key: int
+    ids: list[int]
+    generation: Generation | None = None
+    error: BaseException | None = None
+
+
+class Batch(Protocol):
+    """The requests being decoded, advanced together one step at a time (the engine's batching interface)."""
+
+    def add(self, key: int, decoder: Decoder, job: Job) -> None:
+        """Start decoding ``job`` with ``decoder`` (raises ``InputError`` for a request it cannot decode)."""
+
+    def remove(self, key: int) -> None:
+        """Drop a request (cancelled), freeing what it holds."""
+
+    def step(self) -> list[Progress]:
+        """Advance every request by one model call; a request that ended is removed."""
+
+    def __len__(self) -> int:
+        """Requests being decoded."""
+
+
+class RoundRobinBatch:
+    """:class:`Batch` by one :meth:`Decoder.stream` iterator per request, one piece each per step.
+
+    A piece comes after each model call that added output tokens, so a step is one model call per request
+    (or a few, where a call drafts without resolving a token). The requests' calls are separate forwards;
+    the batched implementation replaces this class.
+    """
+
+    def __init__(self) -> None:
+        self._streams: dict[int, Iterator[StreamPiece]] = {}
+
+    def add(self, key: int, decoder: Decoder, job: Job) -> None:
+        """Open the request's stream (validation errors are raised here, before any model call)."""
+        self._streams[key] = decoder.stream(prompt_ids=job.prompt_ids, max_new_tokens=job.max_tokens, seed=job.seed)
+
+    def remove(self, key: int) -> None:
+        """Close the request's stream."""
+        stream = self._streams.pop(key, None)
+        if stream is not None:
+            stream.close()
+
+    def step(self) -> list[Progress]:
+        """One piece from every stream."""
+        out = []
+        for key, stream in list(self._streams.items()):
+            try:
+                piece = next(stream)
+            except StopIteration:  # cannot happen: the last piece carries the generation
+                del self._streams[key]
+                out.append(Progress(key, [], error=RuntimeError("the decoder's stream ended without a result")))
+                continue
+            except Exception as exc:  # one request's failure ends that request only
+                del self._streams[key]
+                out.append(Progress(key, [], error=exc))
+                continue
+            if piece.generation is not None:
+                del self._streams[key]
+            out.append(Progress(key, list(piece.token_ids), piece.generation))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+
+class DecoderPool:
+    """Decoders composed for each option set, reused across requests (bounded).
+
+    A decoder is checked out by one request at a time. Idle decoders are kept for the ``max_sets`` option sets
+    used most recently, at most ``max_idle`` per set.
+
+    Args:
+        compose: Builds a decoder for an option set (the server's model and settings already applied).
+        max_sets: Option sets to keep idle decoders for.
+        max_idle: Idle decoders kept per option set.
+    """
+
+    def __init__(self, compose: Callable[[DecodeOptions], Decoder], *, max_sets: int = 16, max_idle: int = 8) -> None:
+        self._compose = compose
+        self._idle: OrderedDict[DecodeOptions, list[Decoder]] = OrderedDict()
+        self.max_sets = max_sets
+        self.max_idle = max_idle
+        self.composed = 0
+
+    def acquire(self, options: DecodeOptions) -> Decoder:
+        """An idle decoder for ``options``, or a new one (composition errors propagate)."""
+        idle = self._idle.get(options)
+        if idle:
+            self._idle.move_to_end(options)
+            return idle.pop()
+        decoder = self._compose(options)
+        self.composed += 1
+        return decoder
+
+    def release(self, options: DecodeOptions, decoder: Decoder) -> None:
+        """Return a decoder whose request ended."""
+        idle = self._idle.setdefault(options, [])
+        self._idle.move_to_end(options)
+        if len(idle) < self.max_idle:
+            idle.append(decoder)
+        while len(self._idle) > self.max_sets:
+            self._idle.popitem(last=False)
+
+
+@dataclass
+class _Active:
+    submission: Submission
+    decoder: Decoder
+    admitted: float
+    first_token: float | None = None
+
+
+class Engine:
+    """Owns the decoders; admits, steps and retires requests on a background thread.
+
+    Args:
+        compose: Builds a decoder for an option set (see :class:`DecoderPool`).
+        max_active: Requests decoded at once (the batch).
+        max_queue: Requests that may wait for a slot; one more is refused with 429.
+        metrics: Where to record what happens.
+        batch: The :class:`Batch` implementation (default :class:`RoundRobinBatch`).
+        max_decoder_sets: Option sets whose decoders are kept for reuse.
+    """
+
+    def __init__(
+        self,
+        compose: Callable[[DecodeOptions], Decoder],
+        *,
+        max_active: int = 16,
+        max_queue: int = 64,
+        metrics: ServerMetrics | None = None,
+        batch: Batch | None = None,
+        max_decoder_sets: int = 16,
+    ) -> None:
+        self.pool = DecoderPool(compose, max_sets=max_decoder_sets, max_idle=max_active)
+        self.max_active = max_active
+        self.max_queue = max_queue
+        self.metrics = metrics or ServerMetrics()
+        self.batch: Batch = batch if batch is not None else RoundRobinBatch()
+        self._cond = threading.Condition()
+        self._waiting: deque[Submission] = deque()
+        self._active: dict[int, _Active] = {}
+        self._cancelled: set[int] = set()
+        self._held = 0
+        self._admitting = True
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._next_key = 0
+        self.steps = 0
+
+    # -- the HTTP side ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the engine thread."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="specframe-engine", daemon=True)
+            self._thread.start()
+
+    def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Submission:
+        """Queue ``job``; its events arrive on the returned submission.
+
+        Raises:
+            APIError: 429 when the queue is full, 503 while shutting down.
+        """
+        submission = Submission(job, loop, self)
+        with self._cond:
+            if not self._admitting or self._closing:
+                raise APIError(503, "the server is shutting down; retry on another replica", code="shutting_down")
+            if len(self._waiting) >= self.max_queue:
+                raise APIError(
+                    429,
+                    f"the server is busy: {len(self._active)} requests are being decoded and {len(self._waiting)} "
+                    "are waiting (the queue's limit, specframe serve --max-queue); retry later",
+                    code="rate_limit_exceeded",
+                )
+            self._waiting.append(submission)
+            self._cond.notify_all()
+        return submission
+
+    def cancel(self, submission: Submission) -> None:
+        """Drop a waiting or active request (its client went away)."""
+        with self._cond:
+            if submission in self._waiting:
+                self._waiting.remove(submission)
+                submission.ended = True
+                self.metrics.finished("cancelled")
+                return
+            key = next((k for k, a in self._active.items() if a.submission is submission), None)
+            if key is not None:
+                self._cancelled.add(key)
+                self._cond.notify_all()
+
+    def stop_admitting(self) -> None:
+        """Refuse new requests (503) from now on; queued and active ones still finish."""
+        with self._cond:
+            self._admitting = False
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop: end every waiting and active request with a 503 error and join the thread."""
+        with self._cond:
+            self._admitting = False
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @contextlib.contextmanager
+    def hold(self) -> Iterator[None]:
+        """Pause admissions and steps while inside (maintenance, and tests that need a request to stay put)."""
+        with self._cond:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held -= 1
+                self._cond.notify_all()
+
+    @property
+    def queue_length(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._waiting)
+
+    @property
+    def active_count(self) -> int:
+        """Requests being decoded."""
+        return len(self._active)
+
+    @property
+    def alive(self) -> bool:
+        """Whether the engine thread is running."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def gauges(self) -> dict[str, float]:
+        """The current queue length and active requests (for /metrics)."""
+        return {"specframe_queue_length": self.queue_length, "specframe_active_requests": self.active_count}
+
+    # -- the engine thread --------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not self._closing and (self._held or (not self._waiting and not self._active)):
+                        self._cond.wait()
+                    if self._closing:
+                        break
+                    admits = []
+                    while self._waiting and len(self._active) + len(admits) < self.max_active:
+                        admits.append(self._waiting.popleft())
+                    cancelled, self._cancelled = self._cancelled, set()
+                for key in cancelled:
+                    self._retire(key, "cancelled")
+                for submission in admits:
+                    self._admit(submission)
+                if len(self.batch):
+                    self._step()
+        except BaseException:  # a bug in the engine itself: say so, and fail every request rather than hang
+            log.exception("the specframe engine stopped")
+            raise
+        finally:
+            self._shutdown()
+
+    def _admit(self, submission: Submission) -> None:
+        job = submission.job
+        key, self._next_key = self._next_key, self._next_key + 1
+        now = time.perf_counter()
+        self.metrics.observe("specframe_queue_wait_seconds", now - job.arrived)
+        try:
+            decoder = self.pool.acquire(job.options)
+        except SpecframeError as exc:
+            self._fail(submission, APIError(400, str(exc), param=_param_of(str(exc)), code="invalid_value"))
+            return
+        except Exception as exc:
+            log.exception("composing a decoder failed")
+            self._fail(submission, APIError(500, f"composing the decoder failed: {type(exc).__name__}: {exc}"))
+            return
+        try:
+            self.batch.add(key, decoder, job)
+        except SpecframeError as exc:
+            self.pool.release(job.options, decoder)
+            self._fail(submission, APIError(400, str(exc), code="invalid_value"))
+            return
+        with self._cond:
+            self._active[key] = _Active(submission, decoder, now)
+        info = {"schedule": decoder.schedule.name, "width": decoder.width, "exact": decoder.exact}
+        submission.post(Event("started", info=info))
+
+    def _fail(self, submission: Submission, error: APIError) -> None:
+        submission.ended = True
+        self.metrics.finished("error")
+        submission.post(Event("error", error=error))
+
+    def _step(self) -> None:
+        progress = self.batch.step()
+        self.steps += 1
+        now = time.perf_counter()
+        for item in progress:
+            active = self._active.get(item.key)
+            if active is None:
+                continue
+            submission = active.submission
+            if item.error is not None:
+                error = item.error
+                if isinstance(error, SpecframeError):
+                    api = APIError(400, str(error), code="invalid_value")
+                else:
+                    log.error("decoding a request failed", exc_info=error)
+                    api = APIError(500, f"decoding failed: {type(error).__name__}: {error}")
+                self._end(item.key)
+                self.metrics.finished("error")
+                submission.post(Event("error", error=api))
+                continue
+            if item.ids:
+                if active.first_token is None:
+                    active.first_token = now
+                    self.metrics.observe("specframe_time_to_first_token_seconds", now - submission.job.arrived)
+                if submission.job.stream:  # a whole response needs only the result
+                    submission.post(Event("tokens", ids=item.ids))
+            if item.generation is not None:
+                self._end(item.key)
+                generation = item.generation
+                reason = "length" if generation.stop_reason == "length" else "stop"
+                self.metrics.finished(reason, generation, len(submission.job.prompt_ids))
+                self.metrics.observe("specframe_request_latency_seconds", now - submission.job.arrived)
+                submission.post(Event("done", generation=generation))
+
+    def _end(self, key: int) -> _Active | None:
+        with self._cond:
+            active = self._active.pop(key, None)
+            self._cancelled.discard(key)
+        if active is not None:
+            active.submission.ended = True
+            self.pool.release(active.submission.job.options, active.decoder)
+        return active
+
+    def _retire(self, key: int, reason: str) -> None:
+        self.batch.remove(key)
+        if self._end(key) is not None:
+            self.metrics.finished(reason)
+
+    def _shutdown(self) -> None:
+        """End every request still here with a 503 (the server is stopping)."""
+        error = APIError(503, "the server shut down before this request finished", code="shutting_down")
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), deque()
+            self._admitting = False
+        for submission in waiting:
+            self._fail(submission, error)
+        for key in list(self._active):
+            active = self._active[key]
+            self.batch.remove(key)
+            self._end(key)
+            self.metrics.finished("cancelled")
+            active.submission.post(Event("error", error=error))
+
+
+def _param_of(message: str) -> str | None:
+    """The request field a composition error is about, when its message names one."""
+    words = message.replace("'", " ").replace(":", " ").split()
+    for name in ("schedule", "order", "width", "top_k", "top_p", "temperature", "stop"):
+        if name in words:
+            return name
+    return "temperature" if "acceptance" in words else None
