@@ -221,12 +221,29 @@ class _API:
         try:
             if kind == "chat":
                 template = getattr(model.tokenizer, "chat_template", None)
-                return protocol.parse_chat(data, template=template, encode=encode, context=self.context, **common)
-            return protocol.parse_completion(
-                data, encode=encode, vocab_size=model.vocab_size, context=self.context, **common
-            )
+                job = protocol.parse_chat(data, template=template, encode=encode, context=self.context, **common)
+            else:
+                job = protocol.parse_completion(
+                    data, encode=encode, vocab_size=model.vocab_size, context=self.context, **common
+                )
         except SpecframeError as exc:  # e.g. a model without a tokenizer asked for text
             raise protocol.bad(str(exc)) from None
+        self._check_plugins(job)
+        return job
+
+    def _check_plugins(self, job: Job) -> None:
+        """Refuse an unknown schedule or order now (400 naming it), not after the request waited for a slot."""
+        from specframe.plugins import get_registry
+
+        registry = get_registry()
+        config = job.options.config()
+        for field, kind in (("schedule", "schedule"), ("order", "order_policy")):
+            value = config[field]
+            name = value if isinstance(value, str) else value["name"]
+            try:
+                registry.get(kind, name, family=self.model.family if kind == "schedule" else None)
+            except SpecframeError as exc:
+                raise protocol.bad(str(exc), field, "unknown_" + field) from None
 
     def _encode(self, text: str) -> list[int]:
         # A prompt far over the limit is refused before tokenizing it all (a token is at least one character).
