@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import logging
 import time
@@ -75,7 +76,7 @@ def create_app(engine: Engine, model: ModelBackend, settings: ServerSettings) ->
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.prometheus, methods=["GET"]),
         Route("/v1/models", api.models, methods=["GET"]),
-        Route("/v1/models/{model_id:path}", api.model, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.retrieve_model, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat, methods=["POST"]),
     ]
@@ -188,7 +189,7 @@ class _API:
             return self._error("models", exc)
         return self._respond("models", JSONResponse({"object": "list", "data": [self._model_card()]}))
 
-    async def model(self, request: Request) -> Response:
+    async def retrieve_model(self, request: Request) -> Response:
         """``GET /v1/models/{id}``."""
         try:
             self._check_key(request)
@@ -228,11 +229,15 @@ class _API:
                 )
         except SpecframeError as exc:  # e.g. a model without a tokenizer asked for text
             raise protocol.bad(str(exc)) from None
-        self._check_plugins(job)
+        self._check_plugins(job, width_given=data.get("width") is not None)
         return job
 
-    def _check_plugins(self, job: Job) -> None:
-        """Refuse an unknown schedule or order now (400 naming it), not after the request waited for a slot."""
+    def _check_plugins(self, job: Job, *, width_given: bool) -> None:
+        """Refuse an unknown schedule or order now (400 naming it), not after the request waited for a slot.
+
+        A schedule that takes no width (``ar``) named without a width gets ``"auto"`` rather than the server's
+        default width, which it would refuse.
+        """
         from specframe.plugins import get_registry
 
         registry = get_registry()
@@ -241,9 +246,11 @@ class _API:
             value = config[field]
             name = value if isinstance(value, str) else value["name"]
             try:
-                registry.get(kind, name, family=self.model.family if kind == "schedule" else None)
+                entry = registry.get(kind, name, family=self.model.family if kind == "schedule" else None)
             except SpecframeError as exc:
                 raise protocol.bad(str(exc), field, "unknown_" + field) from None
+            if kind == "schedule" and not width_given and not getattr(entry.factory, "takes_width", True):
+                job.options = dataclasses.replace(job.options, width="auto")
 
     def _encode(self, text: str) -> list[int]:
         # A prompt far over the limit is refused before tokenizing it all (a token is at least one character).

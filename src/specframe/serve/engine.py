@@ -242,6 +242,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._next_key = 0
         self.steps = 0
+        #: Cancellations asked for so far (clients that went away), counted when asked, before they take effect.
+        self.cancels_requested = 0
 
     # -- the HTTP side ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -274,6 +276,7 @@ class Engine:
     def cancel(self, submission: Submission) -> None:
         """Drop a waiting or active request (its client went away)."""
         with self._cond:
+            self.cancels_requested += 1
             if submission in self._waiting:
                 self._waiting.remove(submission)
                 submission.ended = True
