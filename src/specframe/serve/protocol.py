@@ -725,5 +725,5 @@ def usage_chunk(job: Job, generation: Any) -> dict[str, Any]:
 
 def sse(data: Mapping[str, Any] | str) -> bytes:
     """One server-sent event: ``data: <json>`` and a blank line."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     return f"data: {payload}\n\n".encode()
