@@ -14,7 +14,7 @@ import uvicorn
 from specframe import compose
 from specframe.models.chat import render_chat
 from specframe.serve.app import ServerSettings, create_app
-from specframe.serve.cli import decoder_factory
+from specframe.serve.builder import decoder_factory
 from specframe.serve.engine import Engine
 from specframe.serve.protocol import Defaults, Limits
 

@@ -161,6 +161,7 @@ class _API:
     async def health(self, request: Request) -> Response:
         """``GET /health``: 200 while the engine runs and admits requests, 503 otherwise."""
         engine = self.engine
+        engine.start()  # where the host ran no lifespan
         ok = engine.alive and engine._admitting  # noqa: SLF001
         body = {
             "status": "ok" if ok else "unavailable",

@@ -73,35 +73,15 @@ def add_parser(sub: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-def _positive(args: argparse.Namespace, *names: str) -> None:
-    for name in names:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-
-
 def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
     """Load the model and build ``(app, engine)`` from the parsed command line.
 
     Raises:
         ConfigError: A bad option, or default decoding options the model refuses.
     """
-    try:
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as exc:
-        raise ConfigError(
-            f"specframe serve needs the serve extra ({exc.name} is missing): pip install 'specframe[serve]'"
-        ) from None
-    from specframe.config import compose
-    from specframe.models.hub import model_display_name
-    from specframe.serve.app import ServerSettings, create_app
-    from specframe.serve.engine import Engine
-    from specframe.serve.metrics import ServerMetrics
-    from specframe.serve.protocol import DecodeOptions, Defaults, Limits
+    from specframe.serve.builder import build_app
     from specframe.specs import parse_spec
 
-    _positive(args, "max_active", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "max_width")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must lie in [0, 65535], got {args.port}")
     if args.shutdown_timeout < 0:
@@ -109,73 +89,27 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key, or leave the option out for no authentication")
-    defaults = Defaults(
+    limits = ("max_active", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "max_width")
+    for name in limits:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    app = build_app(
+        args.model,
+        served_name=args.served_model_name,
         schedule=parse_spec(args.schedule, option="--schedule"),
         width=args.width,
         order=parse_spec(args.order, option="--order"),
+        api_key=api_key,
+        **{name: getattr(args, name) for name in limits},
+        device=args.device,
+        dtype=args.dtype,
+        revision=args.revision,
+        adapter=args.adapter,
+        threads=args.threads,
+        compile=args.compile,
     )
-    loading = {
-        "model": args.model,
-        "device": args.device,
-        "dtype": args.dtype,
-        "revision": args.revision,
-        "adapter": args.adapter,
-    }
-    # The default decoder is composed once now: it loads the model, checks the defaults and, for width "auto",
-    # measures the machine's call cost before the first request rather than during it.
-    first = compose(
-        {
-            **loading,
-            "schedule": defaults.schedule,
-            "order": defaults.order,
-            "width": defaults.width,
-            "threads": args.threads,
-            "compile": args.compile,
-            "max_new_tokens": args.max_tokens,
-            "seed": None,
-        }
-    )
-    model = first.model
-    import torch
-
-    threads = torch.get_num_threads()
-    context = model.max_positions + 1
-    limits = Limits(
-        max_body_bytes=args.max_body_bytes,
-        max_prompt_tokens=min(args.max_prompt_tokens or context, context),
-        max_tokens=args.max_tokens,
-        max_width=args.max_width,
-    )
-    engine = Engine(
-        decoder_factory(model, threads=threads, max_tokens=args.max_tokens),
-        max_active=args.max_active,
-        max_queue=args.max_queue,
-        metrics=ServerMetrics(),
-    )
-    served = args.served_model_name or model_display_name(model.name).removesuffix(" (bundled)")
-    default_options = DecodeOptions(*_canonical(defaults), stop=())
-    engine.pool.release(default_options, first)  # the first greedy request of the defaults reuses it
-    settings = ServerSettings(served_name=served, defaults=defaults, limits=limits, api_key=api_key)
-    return create_app(engine, model, settings), engine
-
-
-def _canonical(defaults: Any) -> tuple[str, str, str, Any]:
-    import json
-
-    dumps = lambda value: json.dumps(value, sort_keys=True)  # noqa: E731
-    return dumps(defaults.schedule), dumps(defaults.order), dumps("greedy"), defaults.width
-
-
-def decoder_factory(model: Any, *, threads: int | None, max_tokens: int) -> Callable[[Any], Any]:
-    """``options -> Decoder`` on the loaded ``model`` (what :class:`~specframe.serve.engine.Engine` composes with)."""
-    from specframe.config import compose
-
-    def build(options: Any) -> Any:
-        return compose(
-            {"model": model, **options.config(), "threads": threads, "max_new_tokens": max_tokens, "seed": None}
-        )
-
-    return build
+    return app, app.state.api.engine
 
 
 def run(args: argparse.Namespace) -> int:

@@ -247,8 +247,10 @@ class Engine:
 
     # -- the HTTP side ------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start the engine thread."""
-        if self._thread is None:
+        """Start the engine thread (once; later calls do nothing)."""
+        with self._cond:
+            if self._thread is not None or self._closing:
+                return
             self._thread = threading.Thread(target=self._run, name="specframe-engine", daemon=True)
             self._thread.start()
 
@@ -259,6 +261,7 @@ class Engine:
             APIError: 429 when the queue is full, 503 while shutting down.
         """
         submission = Submission(job, loop, self)
+        self.start()  # where the host ran no lifespan (the app's lifespan starts it otherwise)
         with self._cond:
             if not self._admitting or self._closing:
                 raise APIError(503, "the server is shutting down; retry on another replica", code="shutting_down")
