@@ -115,7 +115,6 @@ class _API:
         self.model = model
         self.settings = settings
         self.metrics = engine.metrics
-        self.metrics._gauges = engine.gauges  # noqa: SLF001 (the engine owns the gauges' values)
         self.created = int(time.time())
         self.context = model.max_positions + 1
 

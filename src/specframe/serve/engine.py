@@ -231,6 +231,7 @@ class Engine:
         self.max_active = max_active
         self.max_queue = max_queue
         self.metrics = metrics or ServerMetrics()
+        self.metrics.gauges = self.gauges
         self.batch: Batch = batch if batch is not None else RoundRobinBatch()
         self._cond = threading.Condition()
         self._waiting: deque[Submission] = deque()

@@ -92,7 +92,8 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self._counters: dict[str, dict[str, float]] = {name: defaultdict(float) for name in COUNTERS}
         self._histograms = {name: Histogram() for name in HISTOGRAMS}
-        self._gauges = gauges or (lambda: {})
+        #: Reads the gauges' current values (the engine sets it to its own).
+        self.gauges: Callable[[], Mapping[str, float]] = gauges or (lambda: {})
 
     def count(self, name: str, value: float = 1, **labels: str) -> None:
         """Add ``value`` to counter ``name`` with ``labels``."""
@@ -145,7 +146,7 @@ class ServerMetrics:
             for name, help_text in HISTOGRAMS.items():
                 lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
                 lines += self._histograms[name].lines(name)
-        values = self._gauges()
+        values = self.gauges()
         for name, help_text in GAUGES.items():
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {_number(values.get(name, 0))}"]
         return "\n".join(lines) + "\n"
