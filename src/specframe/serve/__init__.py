@@ -4,6 +4,7 @@
 * :mod:`specframe.serve.engine`: the background thread that owns the decoders and steps requests;
 * :mod:`specframe.serve.app`: the Starlette routes;
 * :mod:`specframe.serve.metrics`: Prometheus text metrics;
+* :mod:`specframe.serve.builder`: ``build_app(...)``, the app from plain options (for any ASGI host);
 * :mod:`specframe.serve.cli`: the command (uvicorn, signals, defaults).
 
 Starlette and uvicorn are the ``serve`` extra (``pip install "specframe[serve]"``); nothing here is imported by
