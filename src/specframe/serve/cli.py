@@ -41,12 +41,20 @@ def add_parser(sub: Any) -> None:
         help=f"require 'Authorization: Bearer KEY' on every route but /health (default: ${API_KEY_ENV} if set, "
         "else no key)",
     )
-    parser.add_argument("--schedule", default="packed", help="default schedule (NAME or NAME:key=value,...; default packed)")
-    parser.add_argument("--width", type=width_value, default="auto", help="default width (integer or auto; default auto)")
+    parser.add_argument(
+        "--schedule", default="packed", help="default schedule (NAME or NAME:key=value,...; default packed)"
+    )
+    parser.add_argument(
+        "--width", type=width_value, default="auto", help="default width (integer or auto; default auto)"
+    )
     parser.add_argument("--order", default="ltr", help="default verification order (default ltr)")
     parser.add_argument("--max-active", type=int, default=16, help="requests decoded at once (default 16)")
-    parser.add_argument("--max-queue", type=int, default=64, help="requests waiting beyond those (default 64); more get 429")
-    parser.add_argument("--max-tokens", type=int, default=1024, help="largest max_tokens a request may ask for (default 1024)")
+    parser.add_argument(
+        "--max-queue", type=int, default=64, help="requests waiting beyond those (default 64); more get 429"
+    )
+    parser.add_argument(
+        "--max-tokens", type=int, default=1024, help="largest max_tokens a request may ask for (default 1024)"
+    )
     parser.add_argument("--max-prompt-tokens", type=int, help="longest prompt in tokens (default: the model's context)")
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     parser.add_argument("--max-width", type=int, default=32, help="widest width a request may ask for (default 32)")
