@@ -51,6 +51,7 @@ NOT_RUN_PREFIXES = {
     "pip install": "installs packages",
     ". .venv/bin/activate": "needs the set-up command's environment",
     "python -m pytest": "runs a test suite",
+    "curl ": "talks to a running server (specframe serve; its tests use the real OpenAI client)",
 }
 UNCLASSIFIED = "is not a command this test knows how to treat"
 # Pages written by other parts of the project (generated from runs): their commands run when they can, but

@@ -36,6 +36,11 @@ COMMANDS = (  # name, "module:add_parser", the line of `specframe --help`
         "specframe.convert.pull:add_parser",
         "fetch and convert a named real model (e.g. smollm2-135m) for offline use",
     ),
+    (
+        "serve",
+        "specframe.serve.cli:add_parser",
+        "serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)",
+    ),
 )
 
 

@@ -315,7 +315,7 @@ class Decoder:
 
     def _alone(self, stepper: Stepper) -> Iterator[None]:
         """Drive ``stepper`` one call at a time, each its own forward; yields after each call."""
-        model, sync = self.model, self._sync
+        model, sync = self.model, self.sync
         while (call := stepper.prepare()) is not None:
             started = time.perf_counter()
             logits = forward_calls(model, [(stepper.cache, call)])[0]
@@ -349,7 +349,7 @@ class Decoder:
                 raise InputError(f"request {index}: {exc}") from None
         schedule = self.schedule
         steppers = [Stepper(self, state, _copy_of(schedule)) for state in states]
-        return batching.run(self.model, steppers, max_batch, self._sync)
+        return batching.run(self.model, steppers, max_batch, self.sync)
 
     def _request(
         self,
@@ -390,7 +390,8 @@ class Decoder:
             "exact": self.exact,
         }
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
+        """Wait for the model's device to finish queued work (so that a forward's time is its own)."""
         if self.model.device.type == "cuda":
             torch.cuda.synchronize(self.model.device)
 

@@ -1,0 +1,84 @@
+"""The engine's batching interface: requests admitted and retired between steps, any Batch implementation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from serve_helpers import expected_text, offline
+
+from specframe.serve.builder import decoder_factory
+from specframe.serve.engine import Engine, StepperBatch
+from specframe.serve.protocol import DecodeOptions, Job
+
+GREEDY = DecodeOptions(json.dumps("packed"), json.dumps("ltr"), json.dumps("greedy"), 4)
+
+
+class CountingBatch(StepperBatch):
+    """The stepper batch, recording how many requests each step advanced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def step(self):
+        self.sizes.append(len(self))
+        return super().step()
+
+
+def _run(engine, jobs, *, hold_first=False):
+    async def main():
+        loop = asyncio.get_running_loop()
+        if hold_first:
+            with engine.hold():
+                submissions = [engine.submit(job, loop) for job in jobs]
+        else:
+            submissions = [engine.submit(job, loop) for job in jobs]
+        results = []
+        for submission in submissions:
+            while (event := await submission.next()).kind not in ("done", "error"):
+                pass
+            results.append(event)
+        return results
+
+    engine.start()
+    try:
+        return asyncio.run(main())
+    finally:
+        engine.close()
+
+
+def _jobs(model, prompts, max_tokens=8):
+    return [Job("completion", model.encode_prompt(p), GREEDY, max_tokens, None, stream=True) for p in prompts]
+
+
+PROMPTS = ["def fib(n):", "import os\n", "class Stack:", "x = [", "with open(", "# Return the sum"]
+
+
+def test_requests_beyond_the_batch_are_admitted_as_others_retire(served_model):
+    batch = CountingBatch()
+    engine = Engine(decoder_factory(served_model, threads=1, max_tokens=64), max_active=2, batch=batch)
+    results = _run(engine, _jobs(served_model, PROMPTS), hold_first=True)
+    assert max(batch.sizes) == 2 and batch.sizes[0] == 2  # never more than max_active in one step
+    for prompt, event in zip(PROMPTS, results, strict=True):
+        assert event.kind == "done"
+        expected = offline(served_model, served_model.encode_prompt(prompt), max_tokens=8)
+        assert event.generation.output_ids == expected.output_ids
+        assert expected_text(served_model, event.generation) == expected_text(served_model, expected)
+    assert engine.pool.composed <= 2  # decoders are reused across requests with the same options
+
+
+def test_one_step_advances_every_admitted_request(served_model):
+    batch = CountingBatch()
+    engine = Engine(decoder_factory(served_model, threads=1, max_tokens=64), max_active=16, batch=batch)
+    results = _run(engine, _jobs(served_model, PROMPTS), hold_first=True)
+    assert batch.sizes[0] == len(PROMPTS)  # admitted together, stepped together
+    assert all(event.kind == "done" for event in results)
+
+
+def test_a_request_the_decoder_refuses_fails_alone(served_model):
+    engine = Engine(decoder_factory(served_model, threads=1, max_tokens=64), max_active=4)
+    too_long = Job("completion", [1] * 10, GREEDY, served_model.max_positions + 5, None)
+    results = _run(engine, [*_jobs(served_model, PROMPTS[:2]), too_long])
+    assert [event.kind for event in results] == ["done", "done", "error"]
+    assert results[2].error.status == 400 and "context" in results[2].error.message
