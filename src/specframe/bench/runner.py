@@ -430,7 +430,7 @@ def _generate(
             if method.concurrency > 1:
                 loop = {
                     "id": f"{method.label}/r{repeat}/{uuid.uuid4().hex[:12]}",
-                    "wall_s": result.wall_s,
+                    "wall_s": _seconds(result.wall_s),
                     "requests": len(examples),
                     "output_tokens": result.output_tokens,
                 }
