@@ -20,7 +20,8 @@ differs: its speed-up is not the same output faster.
 **Concurrency.** A method runs at one concurrency (:class:`~specframe.bench.settings.Method`); it is compared
 with the baseline *at the same concurrency*. Every method also gets per-request latency percentiles as the
 consumer saw them (:mod:`specframe.bench.closed_loop`): time to first token (p50/p90/p99), inter-token latency
-(p50/p90, one value per token) and latency, and its mean chosen width (AR calls count as width 0). At
+(p50/p90, one value per token) and latency, its mean planned width per call (``mean_width``), and its
+throughput over the same method's at the lowest concurrency (``throughput_vs_lowest``). At
 concurrency 1 the speed statistics are those above. At N > 1 the responses of a closed-loop run share model
 calls, so they are not independent draws and a bootstrap over prompts would be wrong for anything timed:
 
