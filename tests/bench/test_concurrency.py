@@ -333,7 +333,7 @@ def test_summary_per_method_and_concurrency_from_one_run():
     report = format_report(s)
     assert "packed/w2@c2 vs ar@c2" in report and "2.000 (1 run)" in report
     assert "TTFT p50" in report and "ITL p50" in report and "same as c1" in report
-    assert "a point estimate from one run" in report and "!" not in report
+    assert "a point estimate from one run, without an interval" in report and "!" not in report
 
 
 def test_with_repeats_batched_throughput_has_an_interval_over_repeats():

@@ -177,8 +177,9 @@ def concurrency_legend(summary: Mapping[str, Any]) -> list[str]:
         how = (
             "with intervals from a paired bootstrap over repeats"
             if unit == "repeat"
-            else f"a point estimate from one run, {ONE_RUN}: its responses share model calls, so a bootstrap over "
-            "prompts would not be valid (--repeats > 1 gives an interval over repeats)"
+            else f"marked {ONE_RUN}: a point estimate from one run, without an interval, since the run's responses "
+            "share model calls and a bootstrap over prompts would not be valid (--repeats > 1 gives an interval "
+            "over repeats)"
         )
         lines.append(
             "conc > 1: N requests in flight (closed loop); total tok/s = all output tokens / the run's wall time, "
