@@ -449,6 +449,33 @@ def test_bench_at_concurrency_one_and_two_gives_the_same_outputs(tmp_path, tiny_
     assert run_json["settings"]["concurrency"] == [1, 2]
 
 
+def test_a_batched_output_that_changed_shows_with_the_flag(tmp_path, tiny_setdlm, monkeypatch):
+    import dataclasses
+
+    from specframe.bench import runner
+
+    def corrupting(decoder):
+        real = stream_many_of(decoder)
+
+        def stream_many(prompts, **options):
+            for index, piece in real(prompts, **options):
+                if index == 1 and piece.done:  # request 1's last token comes out different
+                    ids = [*piece.generation.output_ids[:-1], piece.generation.output_ids[-1] + 1]
+                    piece = dataclasses.replace(piece, generation=dataclasses.replace(piece.generation, output_ids=ids))
+                yield index, piece
+
+        return stream_many
+
+    monkeypatch.setattr(runner, "stream_many_of", corrupting)
+    summary, report = run(tmp_path, tiny_setdlm, schedules=["ar", "packed"], warmup=0)
+    packed2 = next(m for m in summary["methods"] if m["method"] == "packed/w2@c2")
+    assert packed2["same_as_unbatched"]["same"] == 2 and packed2["same_as_unbatched"]["of"] == 3
+    assert packed2["same_as_unbatched"]["first_divergence"] == {"prompt_index": 1, "repeat": 0, "token": 5}
+    assert next(c for c in summary["comparisons"] if c["method"] == "packed/w2@c2")["flagged"]
+    assert "2/3 !" in report and "! packed/w2@c2: only 2/3 responses equal packed/w2's" in report
+    assert "! ar@c2: only 2/3 responses equal ar's" in report
+
+
 def test_seeded_sampling_is_the_same_at_every_concurrency(tmp_path, tiny_nemotron):
     summary, _ = run(tmp_path, tiny_nemotron, schedules=["packed"], repeats=2, acceptance=SAMPLING)
     methods = by_method(tmp_path)

@@ -73,7 +73,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", help="output folder, required (rerunning with the same folder resumes)")
     parser.add_argument("--limit", type=int, help="only the first N prompts")
-    parser.add_argument("--baseline", help="schedule (or schedule/wW) to compare against (default linear, else ar)")
+    parser.add_argument(
+        "--baseline",
+        help="schedule (or schedule/wW) to compare against, at each method's own concurrency (default linear, else ar)",
+    )
     parser.add_argument("--shard", help="i/n: only prompts with index %% n == i (merge shards afterwards)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per schedule (default 1)")
     parser.add_argument("--resamples", type=int, default=20_000, help="bootstrap resamples (default 20000)")
