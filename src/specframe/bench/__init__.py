@@ -5,6 +5,8 @@ The pieces, one job each:
 * :mod:`~specframe.bench.tasks`: prompt sets with the paper's zero-shot prompts and graders;
 * :mod:`~specframe.bench.grading`: answer extraction/normalisation and the code sandbox;
 * :mod:`~specframe.bench.runner`: interleaved, resumable, shardable generation writing ``records.jsonl``;
+* :mod:`~specframe.bench.closed_loop`: a closed-loop run of N requests in flight (``--concurrency``), timed
+  per request as its user sees it (time to first token, inter-token latency);
 * :mod:`~specframe.bench.stats` and :mod:`~specframe.bench.summary`: aggregate statistics and the paired
   percentile bootstrap over prompts;
 * :mod:`~specframe.bench.report` and :mod:`~specframe.bench.plots`: the terminal table and the figures;

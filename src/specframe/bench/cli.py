@@ -7,6 +7,7 @@ Examples::
         --schedules ar,linear,quadratic,packed --widths 31 --out runs/he
     specframe bench ... --temperature 1 --paper-repeats --shard 0/4 --out runs/he-0   # one of four shards
     specframe bench merge runs/he-0 runs/he-1 runs/he-2 runs/he-3 --out runs/he
+    specframe bench --task smoke --schedules ar,packed --widths 2,auto --concurrency 1,4,16 --out runs/c
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specframe.bench.settings import WIDTHLESS, BenchSettings, parse_shard
+from specframe.bench.settings import MAX_CONCURRENCY, WIDTHLESS, BenchSettings, check_concurrency, parse_shard
 from specframe.bench.tasks import TASKS, get_task
 from specframe.errors import ConfigError
 from specframe.specs import comma_items, spec_name, split_specs
@@ -51,6 +52,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-separated speculative widths for the speculative schedules, 'auto' for a width chosen per call "
         "(default: --width, i.e. auto); ar runs once",
     )
+    parser.add_argument(
+        "--concurrency",
+        default="1",
+        help="requests in flight per method, closed loop (a finished request's slot is refilled at once); a comma "
+        "list such as 1,4,16 runs every method at each. Above 1 each method decodes all prompts as one batched run: "
+        "tok/s is its total tokens / its wall time, plus per-request time to first token and inter-token latency "
+        "(default 1: one request at a time)",
+    )
     parser.add_argument("--repeats", type=int, help="responses per prompt and schedule, distinct seeds (default 1)")
     parser.add_argument(
         "--paper-repeats",
@@ -64,7 +73,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", help="output folder, required (rerunning with the same folder resumes)")
     parser.add_argument("--limit", type=int, help="only the first N prompts")
-    parser.add_argument("--baseline", help="schedule (or schedule/wW) to compare against (default linear, else ar)")
+    parser.add_argument(
+        "--baseline",
+        help="schedule (or schedule/wW) to compare against, at each method's own concurrency (default linear, else ar)",
+    )
     parser.add_argument("--shard", help="i/n: only prompts with index %% n == i (merge shards afterwards)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed warm-up prompts per schedule (default 1)")
     parser.add_argument("--resamples", type=int, default=20_000, help="bootstrap resamples (default 20000)")
@@ -97,6 +109,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         repeats = task.paper_repeats if temperature_positive else 1
     widths = _width_list(args.widths) if args.widths is not None else [args.width]
     _check_widths_apply(args, _name_list(args.schedules))
+    concurrency = concurrency_list(args.concurrency)
     settings = BenchSettings(
         task=task.name,
         task_file=str(Path(args.task_file).expanduser().resolve()) if args.task_file else None,
@@ -125,6 +138,7 @@ def settings_from_args(args: argparse.Namespace) -> BenchSettings:
         bootstrap_seed=args.bootstrap_seed,
         threads=args.threads,
         compile=args.compile,
+        concurrency=concurrency,
     )
     settings.validate()
     return settings
@@ -199,6 +213,27 @@ def _width_list(text: str) -> list[int | str]:
         raise ConfigError(f"--widths must be comma-separated integers or 'auto', like auto,4,8, got {text!r}") from None
 
 
+def concurrency_list(text: str) -> list[int]:
+    """``"1,4,16"`` -> ``[1, 4, 16]``.
+
+    Raises:
+        ConfigError: For an empty item, a value that is not an integer from 1 to ``MAX_CONCURRENCY``, or a value
+            given twice.
+    """
+    parts = comma_items(text, option="--concurrency")
+    values = []
+    for part in parts:
+        try:
+            values.append(int(part))
+        except ValueError:
+            raise ConfigError(
+                f"--concurrency must be comma-separated whole numbers from 1 to {MAX_CONCURRENCY} (requests in "
+                f"flight per method), like 1,4,16; got {part!r} in {text!r}"
+            ) from None
+    check_concurrency(values)
+    return values
+
+
 def _command_line() -> str | None:
     """The command as typed, when this process is the ``specframe bench`` command (not a Python caller)."""
     argv = list(sys.argv)
@@ -232,6 +267,7 @@ def equivalent_command(settings: BenchSettings, out: str) -> str:
         ("--warmup", settings.warmup),
         ("--baseline", settings.baseline),
         ("--threads", settings.threads),
+        ("--concurrency", ",".join(map(str, settings.concurrency)) if settings.concurrency != [1] else None),
         ("--out", out),
     ]
     words = ["specframe", "bench"]

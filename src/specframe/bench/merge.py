@@ -32,9 +32,10 @@ def merge_runs(
 ) -> tuple[dict[str, Any], str]:
     """Merge the records of several output folders and write the combined report into ``out``.
 
-    Records are deduplicated by ``(prompt_index, repeat, schedule, width)`` (the first folder wins); every
-    folder must hold a run with the same record-defining settings (model, task and its data, schedules,
-    widths, order, acceptance, output cap, repeats, seed, dtype, ...).
+    Records are deduplicated by their key (:func:`~specframe.bench.records.record_key`; the first folder
+    wins); every folder must hold a run with the same record-defining settings (model, task and its data,
+    schedules, widths, concurrency, order, acceptance, output cap, repeats, seed, dtype, ...). A shard's
+    closed-loop runs (concurrency > 1) stay whole: each covers that shard's prompts.
 
     Args:
         folders: Output folders of the shards.
@@ -88,7 +89,10 @@ def merge_runs(
     settings.shard = None
     limits = [BenchSettings.from_dict(r["settings"]).limit for r in runs]
     settings.limit = None if any(lim is None for lim in limits) else max(limits)
-    records = sorted(merged.values(), key=lambda r: (r["prompt_index"], r["repeat"], r["schedule"], str(r["width"])))
+    records = sorted(
+        merged.values(),
+        key=lambda r: (r.get("concurrency") or 1, r["prompt_index"], r["repeat"], r["schedule"], str(r["width"])),
+    )
     prepare_folder(out, option="--out")
     write_records(out / RECORDS_FILE, records)
     run = {

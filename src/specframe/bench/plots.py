@@ -8,6 +8,10 @@ is left out: its panel would be a bare line. ``comparison.png`` lays the panels 
 :data:`GRID_COLUMNS` columns. A schedule with a flagged comparison (not exact, or output that differed from
 the baseline's) is marked :data:`FLAGGED` on the axis and in the title. Rendered with matplotlib's Agg
 backend (no display needed).
+
+With more than one concurrency, ``throughput_vs_concurrency.png`` draws each method's total tokens/s against
+its concurrency (one line per schedule and width, interval bars where there are intervals), and the bars of
+the comparison panels are labelled with their concurrency (``W=4 c8``).
 """
 
 from __future__ import annotations
@@ -67,6 +71,8 @@ def _groups(summary: Mapping[str, Any], key: str) -> list[tuple[str, list[tuple[
     """``[(schedule, [(bar label, estimate), ...]), ...]`` for one metric, in report order."""
     by_schedule: dict[str, list[tuple[str, Mapping[str, Any]]]] = {}
     widths = {m["method"]: m.get("width") for m in summary["methods"]}
+    levels = {m["method"]: m.get("concurrency", 1) for m in summary["methods"]}
+    several = len(set(levels.values())) > 1
     schedules = {m["method"]: m["schedule"] for m in summary["methods"]}
     for comparison in summary["comparisons"]:
         estimate = comparison.get(key)
@@ -74,7 +80,9 @@ def _groups(summary: Mapping[str, Any], key: str) -> list[tuple[str, list[tuple[
             continue
         method = comparison["method"]
         width = widths.get(method)
-        label = f"W={width}" if width is not None else method
+        label = f"W={width}" if width is not None else method.split("@c")[0]
+        if several:
+            label += f" c{levels.get(method, 1)}"
         schedule = schedules.get(method, method) + (FLAGGED if _flagged(summary, schedules.get(method)) else "")
         by_schedule.setdefault(schedule, []).append((label, estimate))
     return list(by_schedule.items())
@@ -132,8 +140,67 @@ def _draw(ax: Any, summary: Mapping[str, Any], key: str, title: str) -> bool:
     return True
 
 
+def throughput_lines(summary: Mapping[str, Any]) -> dict[str, list[tuple[int, Mapping[str, Any]]]]:
+    """``{schedule/width: [(concurrency, throughput estimate), ...]}`` in report order, concurrency ascending."""
+    lines: dict[str, list[tuple[int, Mapping[str, Any]]]] = {}
+    for m in summary["methods"]:
+        estimate = m.get("throughput_ci") or {"estimate": m.get("throughput_tok_s")}
+        if estimate.get("estimate") is None:
+            continue
+        name = m["method"].split("@c")[0]
+        lines.setdefault(name, []).append((int(m.get("concurrency", 1)), estimate))
+    return {name: sorted(points, key=lambda p: p[0]) for name, points in lines.items()}
+
+
+def plot_throughput_vs_concurrency(summary: Mapping[str, Any], folder: str | Path, *, title: str = "") -> Path | None:
+    """Write ``throughput_vs_concurrency.png`` (``None``, nothing written, with fewer than two concurrencies).
+
+    Args:
+        summary: Output of :func:`specframe.bench.summary.summarize`.
+        folder: Output folder.
+        title: Figure title (e.g. model and task).
+    """
+    lines = throughput_lines(summary)
+    levels = sorted({c for points in lines.values() for c, _ in points})
+    if len(levels) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    for name, points in lines.items():
+        xs = [c for c, _ in points]
+        ys = [e["estimate"] for _, e in points]
+        lows = [e.get("low") for _, e in points]
+        highs = [e.get("high") for _, e in points]
+        err = None  # a point estimate from one closed-loop run has no bar
+        if any(v is not None for v in lows + highs):
+            below = [0.0 if lo is None else max(y - lo, 0.0) for y, lo in zip(ys, lows, strict=True)]
+            above = [0.0 if hi is None else max(hi - y, 0.0) for y, hi in zip(ys, highs, strict=True)]
+            err = [below, above]
+        ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(levels)
+    ax.set_xticklabels([str(c) for c in levels])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("total tokens/s")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"{title}throughput vs concurrency\n(bars: 95% intervals where there are; one run: none)", fontsize=10)
+    fig.tight_layout()
+    path = Path(folder) / "throughput_vs_concurrency.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def plot_comparisons(summary: Mapping[str, Any], folder: str | Path, *, title: str = "") -> list[Path]:
-    """Write one PNG per metric (``plots/<metric>.png``) and a combined ``comparison.png``.
+    """Write one PNG per metric (``plots/<metric>.png``), a combined ``comparison.png``, and the concurrency curve.
+
+    The curve, ``throughput_vs_concurrency.png``, is drawn when more than one concurrency was run.
 
     Args:
         summary: Output of :func:`specframe.bench.summary.summarize`.
@@ -150,6 +217,9 @@ def plot_comparisons(summary: Mapping[str, Any], folder: str | Path, *, title: s
 
     folder = Path(folder)
     written: list[Path] = []
+    curve = plot_throughput_vs_concurrency(summary, folder, title=title)
+    if curve is not None:
+        written.append(curve)
     panels = [(k, t) for k, t in PANELS if _groups(summary, k) and not _flat(summary, k)]
     if not panels:
         return written

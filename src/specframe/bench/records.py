@@ -2,8 +2,10 @@
 
 Records are appended and flushed one at a time, so a run that is killed loses at most the response in
 flight; a torn last line is dropped when the folder is opened again. A record is identified by
-``(prompt_index, repeat, schedule, width)``. A run holds a lock on its folder (:func:`lock_folder`), so a
-second run on the same folder is refused instead of recording every response again.
+``(prompt_index, repeat, schedule, width)``, with the concurrency appended when it is not 1 (so folders made
+before ``--concurrency`` existed, whose records are all concurrency 1, keep their keys). A run holds a lock
+on its folder (:func:`lock_folder`), so a second run on the same folder is refused instead of recording every
+response again.
 """
 
 from __future__ import annotations
@@ -28,17 +30,23 @@ RECORDS_FILE = "records.jsonl"
 SUMMARY_FILE = "summary.json"
 LOCK_FILE = ".specframe-bench.lock"
 
-Key = tuple[int, int, str, "int | None"]
+Key = tuple[Any, ...]
+
+
+def response_key(prompt_index: int, repeat: int, method: Method) -> Key:
+    """``(prompt_index, repeat, schedule, width)``, plus ``concurrency`` when it is not 1, of one response."""
+    key: Key = (int(prompt_index), int(repeat), method.schedule, method.width)
+    return key if method.concurrency == 1 else (*key, method.concurrency)
 
 
 def record_key(record: Mapping[str, Any]) -> Key:
-    """``(prompt_index, repeat, schedule, width)`` of a record."""
-    return (int(record["prompt_index"]), int(record["repeat"]), str(record["schedule"]), record.get("width"))
+    """The key (:func:`response_key`) of a record."""
+    return response_key(record["prompt_index"], record["repeat"], record_method(record))
 
 
 def record_method(record: Mapping[str, Any]) -> Method:
-    """The method a record belongs to."""
-    return Method(str(record["schedule"]), record.get("width"))
+    """The method a record belongs to (records without ``concurrency`` predate it: concurrency 1)."""
+    return Method(str(record["schedule"]), record.get("width"), int(record.get("concurrency") or 1))
 
 
 def prepare_folder(out: str | Path, *, option: str = "--out") -> Path:

@@ -51,10 +51,16 @@ def fmt(value: Any, pattern: str = "{}") -> str:
         return str(value)
 
 
+#: Shown after a point estimate that has no interval (a closed-loop run's throughput from a single run).
+ONE_RUN = "(1 run)"
+
+
 def fmt_interval(entry: Mapping[str, Any] | None, pattern: str) -> str:
-    """``1.052 [1.031, 1.074]`` for an estimate dict."""
+    """``1.052 [1.031, 1.074]`` for an estimate dict; ``1.052 (1 run)`` for one without an interval."""
     if not entry or entry.get("estimate") is None:
         return "-"
+    if entry.get("low") is None and entry.get("high") is None:
+        return f"{fmt(entry['estimate'], pattern)} {ONE_RUN}"
     return f"{fmt(entry['estimate'], pattern)} [{fmt(entry.get('low'), pattern)}, {fmt(entry.get('high'), pattern)}]"
 
 
@@ -91,7 +97,10 @@ def comparison_table(summary: Mapping[str, Any]) -> str:
 
 
 def flag_notes(summary: Mapping[str, Any]) -> list[str]:
-    """One line per flagged comparison: why its speed-up is not free, and where its output first differs."""
+    """One line per flagged comparison: why its speed-up is not free, and where its output first differs.
+
+    Then one line per method whose batched output differs from its own at the lowest concurrency.
+    """
     notes = []
     for c in summary["comparisons"]:
         if not c.get("flagged"):
@@ -101,12 +110,82 @@ def flag_notes(summary: Mapping[str, Any]) -> list[str]:
         same = c.get("same_as_baseline")
         if same:
             line += f"; {same['same']}/{same['of']} responses equal {c['baseline']}'s"
-            first = same.get("first_divergence")
-            if first:
-                where = f"prompt {first['prompt_index']}, repeat {first['repeat']}, token {first['token']}"
-                line += f" (first divergence: {where})"
+            line += _divergence(same)
         notes.append(line + ": its speed-up is not the baseline's output faster")
+    for m in summary.get("methods", []):
+        same = m.get("same_as_unbatched")
+        if same and same["same"] < same["of"]:
+            notes.append(
+                f"! {m['method']}: only {same['same']}/{same['of']} responses equal {same['baseline']}'s"
+                f"{_divergence(same)}: batching changed the output (the same seeds must give the same tokens)"
+            )
     return notes
+
+
+def _divergence(same: Mapping[str, Any]) -> str:
+    first = same.get("first_divergence")
+    if not first:
+        return ""
+    return f" (first divergence: prompt {first['prompt_index']}, repeat {first['repeat']}, token {first['token']})"
+
+
+#: The per-(method, concurrency) table: header, summary key, format (times in milliseconds).
+CONCURRENCY_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("x c1", "throughput_vs_lowest", "{:.2f}"),
+    ("tok/NFE", "tokens_per_nfe", "{:.3f}"),
+    ("TTFT p50", "ttft_s.p50", "ms"),
+    ("p90", "ttft_s.p90", "ms"),
+    ("p99", "ttft_s.p99", "ms"),
+    ("ITL p50", "itl_s.p50", "ms"),
+    ("p90", "itl_s.p90", "ms"),
+    ("mean width", "mean_width", "{:.2f}"),
+)
+
+
+def concurrency_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Headers and cells of the latency table: per method (and concurrency) total tok/s and latency percentiles."""
+    lowest = min((m.get("concurrency", 1) for m in summary["methods"]), default=1)
+    headers = ["method", "conc", "total tok/s", *(h for h, _, _ in CONCURRENCY_COLUMNS)]
+    headers[3] = f"x c{lowest}"
+    rows = []
+    for m in summary["methods"]:
+        cells = [m["method"], str(m.get("concurrency", 1)), fmt_interval(m.get("throughput_ci"), "{:.1f}")]
+        for _, key, pattern in CONCURRENCY_COLUMNS:
+            value = lookup(m, key)
+            cells.append(
+                fmt(None if value is None else 1000 * value, "{:.1f}") if pattern == "ms" else fmt(value, pattern)
+            )
+        rows.append(cells)
+    return headers, rows
+
+
+def concurrency_table(summary: Mapping[str, Any]) -> str:
+    """The latency table (:func:`concurrency_rows`)."""
+    return text_table(*concurrency_rows(summary))
+
+
+def concurrency_legend(summary: Mapping[str, Any]) -> list[str]:
+    """What the latency table means, and how throughput at concurrency > 1 was estimated."""
+    lines = [
+        "per request, as the consumer saw it: TTFT from the request's admission (its slot filled) to its first "
+        "tokens, ITL the time between pieces per token (ms); mean width: per call as planned (ar: 1; 0: an AR call "
+        "an automatic width fell back to); x cN: total tok/s over the same method's at the lowest concurrency",
+        "conc 1: one request at a time; total tok/s = all tokens / all decoder time, intervals over prompts",
+    ]
+    if any(m.get("concurrency", 1) > 1 for m in summary["methods"]):
+        unit = (summary.get("bootstrap") or {}).get("closed_loop_unit")
+        how = (
+            "with intervals from a paired bootstrap over repeats"
+            if unit == "repeat"
+            else f"marked {ONE_RUN}: a point estimate from one run, without an interval, since the run's responses "
+            "share model calls and a bootstrap over prompts would not be valid (--repeats > 1 gives an interval "
+            "over repeats)"
+        )
+        lines.append(
+            "conc > 1: N requests in flight (closed loop); total tok/s = all output tokens / the run's wall time, "
+            f"{how}; wall s = mean request latency; ms/NFE and non-model are not per request (-)"
+        )
+    return lines
 
 
 def format_report(summary: Mapping[str, Any], title: str = "") -> str:
@@ -116,15 +195,21 @@ def format_report(summary: Mapping[str, Any], title: str = "") -> str:
     if summary.get("incomplete_prompts"):
         head += f" ({summary['incomplete_prompts']} incomplete prompt(s) left out)"
     parts = [head, "", method_table(summary), "", legend(summary), *exactness_legend(summary)]
+    if any(m.get("ttft_s", {}).get("p50") is not None for m in summary["methods"]):
+        parts += ["", concurrency_table(summary), *concurrency_legend(summary)]
     if summary["comparisons"]:
+        batched = any(c.get("concurrency", 1) > 1 for c in summary["comparisons"])
+        at = "; each at its own concurrency, where throughput follows the latency table's note" if batched else ""
         parts += [
             "",
             f"paired {boot.get('confidence', 0.95):.0%} bootstrap intervals over prompts "
-            f"({boot.get('resamples', 0):,} resamples); baseline: {summary['baseline']} (--baseline sets it)",
+            f"({boot.get('resamples', 0):,} resamples); baseline: {summary['baseline']} (--baseline sets it){at}",
             comparison_table(summary),
-            *flag_notes(summary),
         ]
-    return "\n".join(parts)
+    notes = flag_notes(summary)
+    if notes:
+        parts += ["" if not summary["comparisons"] else None, *notes]
+    return "\n".join(p for p in parts if p is not None)
 
 
 def legend(summary: Mapping[str, Any]) -> str:
@@ -156,6 +241,8 @@ def exactness_legend(summary: Mapping[str, Any]) -> list[str]:
         lines.append("exact: reproduces the verifier's output (NO: lossy, ?: not declared, so not assumed exact)")
     if any(m.get("same_as_baseline") for m in methods):
         lines.append("same as: responses equal to the baseline's token for token (compared where nothing samples)")
+    if any(m.get("same_as_unbatched") for m in methods):
+        lines.append("same as c1: responses equal token for token to the same method's at the lowest concurrency")
     return lines
 
 
@@ -182,8 +269,15 @@ def method_rows(summary: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]
             row.append({True: "yes", False: "NO"}.get(m.get("exact"), "?"))
     compared = [m.get("same_as_baseline") for m in methods]
     if any(compared):
-        base = next(c for c in compared if c)["baseline"]
+        base = next(c for c in compared if c)["baseline"].split("@c")[0]  # each at its own concurrency
         headers.append(f"same as {base}")
         for row, same in zip(rows, compared, strict=True):
             row.append(f"{same['same']}/{same['of']}" if same else "-")
+    unbatched = [m.get("same_as_unbatched") for m in methods]
+    if any(unbatched):
+        lowest = min(m.get("concurrency", 1) for m in methods)
+        headers.append(f"same as c{lowest}")
+        for row, same in zip(rows, unbatched, strict=True):
+            mark = FLAG if same and same["same"] < same["of"] else ""
+            row.append(f"{same['same']}/{same['of']}{mark}" if same else "-")
     return headers, rows

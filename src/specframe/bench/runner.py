@@ -1,19 +1,29 @@
 """Run several schedules side by side on one task (paper, section 4 and appendix E).
 
-The model is loaded once and one decoder is composed per method (schedule and width). After untimed
-warm-up generations, the methods run on the same prompts *interleaved*: for each prompt and repeat every
-method runs in turn, and the turn order rotates from one (prompt, repeat) to the next, so slow drifts of the
-machine (clocks, temperature, other load) fall on all methods alike. Each response is graded (outside the
-timed decoder loop) and appended to ``records.jsonl`` at once, so an interrupted run resumes where it stopped.
+The model is loaded once and one decoder is composed per method (schedule, width and concurrency). After
+untimed warm-up generations, the methods run on the same prompts *interleaved*, so slow drifts of the machine
+(clocks, temperature, other load) fall on all methods alike:
+
+* at concurrency 1, for each prompt and repeat every method runs in turn, and the turn order rotates from one
+  (prompt, repeat) to the next. Each response is graded (outside the timed decoder loop) and appended to
+  ``records.jsonl`` at once, so an interrupted run resumes where it stopped;
+* at a concurrency N > 1, for each repeat every method runs in turn (the order rotating from one repeat to
+  the next), each as one *closed-loop run* over all the prompts (:mod:`specframe.bench.closed_loop`): N
+  requests in flight, a finished one's slot refilled at once by the next prompt. Its responses are graded and
+  written when the whole run has finished, so an interrupted closed-loop run is run again whole on resume
+  (a run over part of the prompts would have a different tail, and its throughput would mean something else).
 """
 
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specframe.bench.closed_loop import LoopResult, RequestTiming, run_closed_loop, stream_many_of, stream_one
 from specframe.bench.output import machine_description, write_report
 from specframe.bench.records import (
     RECORDS_FILE,
@@ -25,6 +35,7 @@ from specframe.bench.records import (
     read_records,
     read_run,
     record_key,
+    response_key,
     write_json,
 )
 from specframe.bench.settings import CHAT, MAX_REPEATS, BenchSettings, Method
@@ -52,6 +63,46 @@ def turn_order(methods: list[Method], step: int) -> list[Method]:
     return methods[shift:] + methods[:shift]
 
 
+@dataclass(frozen=True)
+class Work:
+    """One unit of a run: a method decoding some prompts' responses of one repeat.
+
+    At concurrency 1 a unit is one response; above, one closed-loop run over every prompt still missing.
+    """
+
+    method: Method
+    repeat: int
+    examples: tuple[Example, ...]
+
+
+def pending_work(examples: list[Example], settings: BenchSettings, done: set) -> list[Work]:
+    """The responses still to run, in run order, grouped into :class:`Work` units.
+
+    For each concurrency level in ``settings.concurrency`` order: at 1, for each prompt and repeat, each method
+    (the turn order rotating with prompt and repeat, as bench always did); above 1, for each repeat, each
+    method (rotating with repeat) as one closed-loop run over the prompts whose response is not in ``done``.
+    """
+    work = []
+    repeats = settings.repeats
+    for position, level in enumerate(settings.concurrency):
+        methods = [m for m in settings.methods() if m.concurrency == level]
+        if level == 1:
+            work += [
+                Work(method, repeat, (example,))
+                for example in examples
+                for repeat in range(repeats)
+                for method in turn_order(methods, example.index * repeats + repeat)
+                if response_key(example.index, repeat, method) not in done
+            ]
+            continue
+        for repeat in range(repeats):
+            for method in turn_order(methods, position * repeats + repeat):
+                missing = tuple(ex for ex in examples if response_key(ex.index, repeat, method) not in done)
+                if missing:
+                    work.append(Work(method, repeat, missing))
+    return work
+
+
 def load_task(settings: BenchSettings) -> tuple[Task, list[Example]]:
     """The task and its full prompt list; fills in ``settings.task_digest``."""
     task = get_task(settings.task)
@@ -61,7 +112,7 @@ def load_task(settings: BenchSettings) -> tuple[Task, list[Example]]:
 
 
 def compose_decoders(model: ModelBackend, settings: BenchSettings) -> dict[Method, Decoder]:
-    """One decoder per method on the already loaded ``model``."""
+    """One decoder per method (each concurrency its own, so what one learns never leaks into another's run)."""
     from specframe.config import compose
 
     decoders = {}
@@ -106,13 +157,18 @@ def make_record(
     schedule_description: Mapping[str, Any] | None = None,
     *,
     stochastic: bool | None = None,
+    timing: RequestTiming | None = None,
+    loop: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``records.jsonl`` entry of one response.
 
     ``schedule_description`` is the method's ``schedule.describe()`` (its name and options, as the schedule
     reports them), taken when the decoder was composed. ``stochastic`` is the acceptance rule's flag:
     responses of rules that sample nothing are compared with the baseline's token for token (see
-    :func:`specframe.bench.summary.summarize`).
+    :func:`specframe.bench.summary.summarize`). ``timing`` is what the consumer saw of the response
+    (:class:`~specframe.bench.closed_loop.RequestTiming`: ``ttft_s``, ``itl_s``, ``latency_s``); ``loop``
+    describes the closed-loop run it was part of at concurrency > 1 (``id``, ``wall_s``, ``requests``,
+    ``output_tokens``), ``None`` at concurrency 1.
     """
     verifications = result.metrics.verifications
     longest = max((v.drafted for v in verifications), default=0)
@@ -141,7 +197,17 @@ def make_record(
         "metrics": result.metrics.to_dict(),
         "acceptance_positions": {"reached": reached, "accepted": accepted},
         "correct": correct,
+        "concurrency": method.concurrency,
+        "ttft_s": None if timing is None else _seconds(timing.ttft_s),
+        "itl_s": [] if timing is None else [_seconds(v) for v in timing.itl_s],
+        "latency_s": None if timing is None else _seconds(timing.latency_s),
+        "loop": None if loop is None else dict(loop),
     }
+
+
+def _seconds(value: float | None) -> float | None:
+    """Seconds to the microsecond (the clock's noise is far above it; records stay short)."""
+    return None if value is None else round(value, 6)
 
 
 def run_bench(
@@ -191,23 +257,17 @@ def run_bench(
             check_same_run(stored.get("settings", {}), settings, str(folder))
         records = read_records(folder / RECORDS_FILE, repair=True)
         done = {record_key(r) for r in records}
-        methods = settings.methods()
-        todo = [
-            (example, repeat, method)
-            for example in chosen
-            for repeat in range(settings.repeats)
-            for method in turn_order(methods, example.index * settings.repeats + repeat)
-            if (example.index, repeat, method.schedule, method.width) not in done
-        ]
+        todo = pending_work(chosen, settings, done)
         run = dict(stored or {})
         if todo:
             if done:
-                log(f"resuming {folder}: {len(done)} responses stored, {len(todo)} to go")
+                pending = sum(len(w.examples) for w in todo)
+                log(f"resuming {folder}: {len(done)} responses stored, {pending} to go")
             model = model if model is not None else _load_model(settings)
             decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
             # Before any request (warm-up included): a schedule that learns (auto) would describe what it has seen.
             described = {method: decoder.schedule.describe() for method, decoder in decoders.items()}
-            check_prompt_lengths(model, settings, list({ex.index: ex for ex, _, _ in todo}.values()))
+            check_prompt_lengths(model, settings, list({ex.index: ex for w in todo for ex in w.examples}.values()))
             run = {
                 "settings": settings.to_dict(),
                 "model": model.describe(),
@@ -303,10 +363,21 @@ def _load_model(settings: BenchSettings) -> ModelBackend:
 
 
 def _warm_up(decoders: Mapping[Method, Decoder], chosen: list[Example], settings: BenchSettings) -> None:
-    """Untimed generations on the first prompts (compilation, allocator and cache warm-up)."""
-    for example in chosen[: settings.warmup] if settings.warmup else []:
-        for method, decoder in decoders.items():
-            _generate_one(decoder, example, method, settings, settings.seed)
+    """Untimed generations on the first prompts (compilation, allocator and cache warm-up).
+
+    At concurrency 1, each of the first ``warmup`` prompts once per method; at N > 1, one closed-loop run per
+    method of N requests cycling over those prompts, all in flight at once (the batched call sizes warm up).
+    """
+    warm = chosen[: settings.warmup] if settings.warmup else []
+    if not warm:
+        return
+    for method, decoder in decoders.items():
+        if method.concurrency == 1:
+            for example in warm:
+                _generate_one(decoder, example, method, settings, settings.seed)
+            continue
+        examples = [warm[i % len(warm)] for i in range(method.concurrency)]
+        _run_loop(decoder, examples, [settings.seed] * len(examples), method, settings)
 
 
 def _generate_one(decoder: Decoder, example: Example, method: Method, settings: BenchSettings, seed: int) -> Generation:
@@ -316,8 +387,21 @@ def _generate_one(decoder: Decoder, example: Example, method: Method, settings: 
         raise SpecframeError(f"prompt {example.index} ({example.id}) with {method.label}: {exc}") from exc
 
 
+def _run_loop(
+    decoder: Decoder, examples: list[Example], seeds: list[int], method: Method, settings: BenchSettings
+) -> LoopResult:
+    """Decode ``examples`` as one closed-loop run at ``method.concurrency`` (1: ``decoder.stream``, one by one)."""
+    prompts = [settings.prompt_text(ex.prompt, decoder.model.tokenizer) for ex in examples]
+    stream_many = stream_one(decoder) if method.concurrency == 1 else stream_many_of(decoder)
+    try:
+        return run_closed_loop(stream_many, prompts, seeds, method.concurrency)
+    except InputError as exc:
+        which = f"prompt {examples[0].index} ({examples[0].id})" if len(examples) == 1 else "a prompt"
+        raise SpecframeError(f"{which} with {method.label}: {exc}") from exc
+
+
 def _generate(
-    todo: list[tuple[Example, int, Method]],
+    todo: list[Work],
     decoders: Mapping[Method, Decoder],
     described: Mapping[Method, Mapping[str, Any]],
     task: Task,
@@ -325,20 +409,49 @@ def _generate(
     model: ModelBackend,
     progress: bool,
 ) -> Iterator[dict[str, Any]]:
-    """Yield one record per pending (prompt, repeat, method), in the interleaved order of ``todo``."""
+    """Yield one record per pending response, unit by unit in the interleaved order of ``todo``.
+
+    A closed-loop unit's records come when the whole run has finished (graded after it, outside its time).
+    """
     from tqdm import tqdm
 
-    bar = tqdm(total=len(todo), unit="resp", file=sys.stderr, disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=sum(len(w.examples) for w in todo), unit="resp", file=sys.stderr, disable=not progress, dynamic_ncols=True
+    )
     try:
-        for example, repeat, method in todo:
-            seed = settings.seed_for(example.index, repeat)
-            result = _generate_one(decoders[method], example, method, settings, seed)
-            correct = task.grade(example, answer_text(model, result.output_ids)) if task.graded else None
-            bar.set_postfix_str(f"{method.label} p{example.index}", refresh=False)
-            bar.update()
+        for work in todo:
+            method, repeat = work.method, work.repeat
+            examples = list(work.examples)
+            seeds = [settings.seed_for(ex.index, repeat) for ex in examples]
+            where = f"p{examples[0].index}" if method.concurrency == 1 else f"r{repeat}, {len(examples)} prompts"
+            bar.set_postfix_str(f"{method.label} {where}", refresh=method.concurrency > 1)
+            result = _run_loop(decoders[method], examples, seeds, method, settings)
+            loop = None
+            if method.concurrency > 1:
+                loop = {
+                    "id": f"{method.label}/r{repeat}/{uuid.uuid4().hex[:12]}",
+                    "wall_s": _seconds(result.wall_s),
+                    "requests": len(examples),
+                    "output_tokens": result.output_tokens,
+                }
             stochastic = bool(decoders[method].rule.stochastic)
-            yield make_record(
-                settings, example, repeat, method, seed, result, correct, described[method], stochastic=stochastic
-            )
+            for example, seed, generation, timing in zip(
+                examples, seeds, result.generations, result.timings, strict=True
+            ):
+                correct = task.grade(example, answer_text(model, generation.output_ids)) if task.graded else None
+                bar.update()
+                yield make_record(
+                    settings,
+                    example,
+                    repeat,
+                    method,
+                    seed,
+                    generation,
+                    correct,
+                    described[method],
+                    stochastic=stochastic,
+                    timing=timing,
+                    loop=loop,
+                )
     finally:
         bar.close()

@@ -17,6 +17,9 @@ SCOPE_KEYS = frozenset(
     {"limit", "shard", "warmup", "baseline", "device", "resamples", "bootstrap_seed", "task_file", "threads"}
 )
 MAX_REPEATS = 1000  # seeds are base + 1000 * prompt index + repeat
+MAX_CONCURRENCY = 4096  # requests in flight per method: far past what one model call packs usefully
+# Record-defining settings that older runs did not store, with the value they implied (so old folders resume).
+LEGACY_DEFAULTS: dict[str, Any] = {"concurrency": [1]}
 WIDTHLESS = frozenset({"ar"})  # schedules that take no speculative width
 
 #: ``--prompt-template`` value that sends each prompt as a user message in the model's chat template.
@@ -25,21 +28,33 @@ CHAT = "chat"
 
 @dataclass(frozen=True, order=True)
 class Method:
-    """One decoding configuration being compared: a schedule and, for speculative schedules, a width.
+    """One decoding configuration being compared: a schedule, for speculative schedules a width, and a concurrency.
 
     Attributes:
         schedule: Schedule spec in canonical form: its name, or ``NAME:key=value,...`` with the schedule's
             options (sorted by key), e.g. ``adaptive-packed:cooldown=4,patience=2``.
         width: Speculative width, ``"auto"`` (chosen per call), ``None`` for schedules without one (``ar``).
+        concurrency: Requests in flight at once (closed loop); 1 decodes one request at a time, as bench always
+            did, and keeps the label and record key runs made before ``--concurrency`` existed have.
     """
 
     schedule: str
     width: int | str | None = None
+    concurrency: int = 1
 
     @property
     def label(self) -> str:
-        """``packed/w8``, ``packed/wauto``, ``adaptive-packed:patience=2/w8``, or ``ar``."""
+        """``packed/w8``, ``packed/wauto``, ``adaptive-packed:patience=2/w8``, ``ar``; ``packed/w8@c4`` at c=4."""
+        return self.unbatched_label + ("" if self.concurrency == 1 else f"@c{self.concurrency}")
+
+    @property
+    def unbatched_label(self) -> str:
+        """The label without the concurrency: ``packed/w8`` for ``packed/w8@c4``."""
         return self.schedule if self.width is None else f"{self.schedule}/w{self.width}"
+
+    def at(self, concurrency: int) -> Method:
+        """The same schedule and width at another concurrency."""
+        return dataclasses.replace(self, concurrency=concurrency)
 
     @property
     def name(self) -> str:
@@ -54,17 +69,21 @@ class Method:
 
     @classmethod
     def parse(cls, text: str) -> Method:
-        """Parse a label (``packed/w8``, ``packed/8``, ``ar`` or ``NAME:key=value/w8``).
+        """Parse a label (``packed/w8``, ``packed/8``, ``ar``, ``NAME:key=value/w8``, ``packed/w8@c4``, ``ar@c4``).
 
         Raises:
-            ConfigError: For a malformed width or schedule spec.
+            ConfigError: For a malformed width, concurrency or schedule spec.
         """
+        head, at, tail = text.rpartition("@c")
+        concurrency = 1
+        if at and tail.isdigit() and int(tail) >= 1:
+            text, concurrency = head, int(tail)
         schedule, slash, width = text.rpartition("/")
         if not slash:
-            return cls(canonical_schedule(text))
+            return cls(canonical_schedule(text), None, concurrency)
         try:
             width = width.removeprefix("w")
-            return cls(canonical_schedule(schedule), "auto" if width == "auto" else int(width))
+            return cls(canonical_schedule(schedule), "auto" if width == "auto" else int(width), concurrency)
         except ValueError:
             raise ConfigError(f"bad method {text!r}: write a schedule name or schedule/width like linear/w8") from None
 
@@ -110,6 +129,8 @@ class BenchSettings:
         bootstrap_seed: Seed of the bootstrap's prompt draws.
         threads: CPU threads (``None``: the thread policy of :mod:`specframe.models.threads`).
         compile: Compiled model calls (:mod:`specframe.models.compiled`).
+        concurrency: Requests in flight per method (closed loop), one run per value: ``[1]`` decodes one
+            request at a time; ``[1, 4, 16]`` runs every method at each of those.
     """
 
     task: str
@@ -138,6 +159,7 @@ class BenchSettings:
     bootstrap_seed: int = 0
     threads: int | None = None
     compile: bool = False
+    concurrency: list[int] = field(default_factory=lambda: [1])
 
     def validate(self) -> None:
         """Check ranges and combinations.
@@ -154,6 +176,7 @@ class BenchSettings:
             raise ConfigError(f"--widths must be positive integers or 'auto', got {self.widths}")
         if len(set(self.widths)) != len(self.widths):
             raise ConfigError(f"--widths repeats a width: {','.join(map(str, self.widths))}")
+        check_concurrency(self.concurrency)
         from specframe.decoder import seed_problem
 
         if seed_problem(self.seed):
@@ -193,13 +216,14 @@ class BenchSettings:
         return 1.0
 
     def methods(self) -> list[Method]:
-        """The methods compared, in a fixed order: each schedule, and for speculative ones each width."""
+        """The methods compared, in a fixed order: per concurrency, each schedule (speculative ones at each width)."""
         methods = []
-        for schedule in self.schedules:
-            if spec_name(schedule) in WIDTHLESS:
-                methods.append(Method(schedule))
-            else:
-                methods.extend(Method(schedule, width) for width in self.widths)
+        for concurrency in self.concurrency:
+            for schedule in self.schedules:
+                if spec_name(schedule) in WIDTHLESS:
+                    methods.append(Method(schedule, None, concurrency))
+                else:
+                    methods.extend(Method(schedule, width, concurrency) for width in self.widths)
         return methods
 
     def baseline_method(self) -> str:
@@ -208,13 +232,18 @@ class BenchSettings:
         Raises:
             ConfigError: If ``--baseline`` names no compared method.
         """
-        labels = {m.label for m in self.methods()}
+        labels = {m.unbatched_label for m in self.methods()}
         if self.baseline is None:
             for candidate in ("linear", "ar"):
                 if candidate in self.schedules:
                     return candidate
             return self.schedules[0]
         wanted = Method.parse(self.baseline)
+        if wanted.concurrency != 1 or "@c" in self.baseline:
+            raise ConfigError(
+                f"--baseline {self.baseline}: name the baseline without a concurrency (e.g. ar, not ar@c4); every "
+                "method is compared with the baseline at its own concurrency"
+            )
         if wanted.schedule in self.schedules and (wanted.width is None or wanted.label in labels):
             return self.baseline
         raise ConfigError(
@@ -252,6 +281,8 @@ class BenchSettings:
         """Settings from :meth:`to_dict` output (unknown keys are ignored, for forward compatibility)."""
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
+        if values.get("concurrency") is not None:
+            values["concurrency"] = list(values["concurrency"])
         if values.get("shard"):
             values["shard"] = parse_shard(values["shard"])
         return cls(**values)
@@ -275,14 +306,38 @@ def parse_shard(text: str | Sequence[int]) -> tuple[int, int]:
     return index, count
 
 
+def check_concurrency(values: Sequence[Any], option: str = "--concurrency") -> None:
+    """Refuse concurrency levels that are not distinct integers in ``1..MAX_CONCURRENCY``.
+
+    Raises:
+        ConfigError: Naming the bad value and what to give instead.
+    """
+    shown = ",".join(map(str, values))
+    if not values:
+        raise ConfigError(f"{option} is empty; give requests in flight per method, e.g. 1 or 1,4,16")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CONCURRENCY:
+            raise ConfigError(
+                f"{option} must be integers from 1 to {MAX_CONCURRENCY} (requests in flight per method), like "
+                f"1,4,16; got {value!r} in {shown}"
+            )
+    if len(set(values)) != len(values):
+        raise ConfigError(f"{option} repeats a value: {shown}; give each concurrency once")
+
+
 def differences(stored: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """The record-defining settings that differ, as ``key: stored -> current`` lines."""
+    """The record-defining settings that differ, as ``key: stored -> current`` lines.
+
+    A key that ``stored`` lacks and :data:`LEGACY_DEFAULTS` names counts as that default (runs made before
+    the setting existed meant it).
+    """
     lines = []
     for key in sorted(set(stored) | set(current)):
         if key in SCOPE_KEYS:
             continue
-        if _canonical(stored.get(key)) != _canonical(current.get(key)):
-            lines.append(f"{key}: {stored.get(key)!r} -> {current.get(key)!r}")
+        old = stored.get(key, LEGACY_DEFAULTS.get(key))
+        if _canonical(old) != _canonical(current.get(key, LEGACY_DEFAULTS.get(key))):
+            lines.append(f"{key}: {old!r} -> {current.get(key)!r}")
     return lines
 
 
