@@ -189,20 +189,6 @@ def test_a_stream_that_drops_a_request_is_an_error_not_a_short_record():
         run_closed_loop(scripted_stream(clock, script), ["a", "b", "c"], [0, 1, 2], 2, clock=clock)
 
 
-def test_the_decoders_own_stream_many_is_used_when_it_has_one(tiny_setdlm):
-    from specframe.config import compose
-
-    decoder = compose({"model": tiny_setdlm, "schedule": "ar", "max_new_tokens": 3})
-    calls = []
-
-    def spy(prompts, *, seeds=None, max_new_tokens=None, max_batch=None):
-        calls.append(max_batch)
-        yield from ()
-
-    decoder.stream_many = spy
-    assert stream_many_of(decoder) is spy
-
-
 def test_stream_many_decodes_what_generate_decodes_with_each_requests_seed(tiny_nemotron):
     from specframe.config import compose
 

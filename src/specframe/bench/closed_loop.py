@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from specframe.decoder import Decoder, Generation, StreamPiece
 from specframe.errors import SpecframeError
@@ -94,7 +93,7 @@ def run_closed_loop(
     """Decode ``prompts`` with ``concurrency`` requests in flight and time each as its user would see it.
 
     Args:
-        stream_many: The decoder's ``stream_many`` (or :func:`stream_many_of`'s stand-in).
+        stream_many: The decoder's ``stream_many`` (or :func:`stream_one`).
         prompts: The requests' prompts.
         seeds: One seed per prompt.
         concurrency: Requests in flight at once (``max_batch``).
@@ -152,30 +151,5 @@ def stream_one(decoder: Decoder) -> StreamMany:
 
 
 def stream_many_of(decoder: Decoder) -> StreamMany:
-    """The decoder's batched ``stream_many``, or the sequential stand-in where the decoder has none yet."""
-    batched = getattr(decoder, "stream_many", None)
-    return batched if batched is not None else _sequential_stream_many_fallback(decoder)
-
-
-# ---- FALLBACK: remove when Decoder.stream_many (contract item 7) merges ------------------------------------
-# Decodes the requests one at a time through decoder.stream (correct outputs, no batching), with the
-# signature of Decoder.stream_many, so that bench --concurrency and its tests run before the batched decoder
-# exists. To remove: delete this function and make stream_many_of return decoder.stream_many.
-def _sequential_stream_many_fallback(decoder: Decoder) -> StreamMany:
-    def stream_many(
-        prompts: Sequence[Any],
-        *,
-        seeds: Sequence[int | None] | None = None,
-        max_new_tokens: int | None = None,
-        max_batch: int | None = None,
-    ) -> Iterator[tuple[int, StreamPiece]]:
-        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
-        for index, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
-            kind = {"prompt": prompt} if isinstance(prompt, str) else {"prompt_ids": prompt}
-            for piece in decoder.stream(**kind, seed=seed, max_new_tokens=max_new_tokens):
-                yield index, piece
-
-    return stream_many
-
-
-# ---- end of FALLBACK -----------------------------------------------------------------------------------------
+    """The decoder's batched ``stream_many`` (continuous batching, one forward per step)."""
+    return decoder.stream_many
