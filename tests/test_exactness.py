@@ -271,6 +271,20 @@ def test_generate_many_equals_decoding_each_request_alone(models, family, schedu
         assert len({g.stop_reason for g in alone}) == 3  # requests end for every reason, at different steps
 
 
+@pytest.mark.parametrize("schedule", ["packed", "linear", "auto"])
+def test_a_decoder_that_already_decoded_alone_batches_each_request_as_alone(schedule):
+    """What a schedule keeps from earlier requests (``auto``'s learned pick) is shared by the batch's copies,
+    but each request's own planning state is not: the candidate that planned a call judges its result. The
+    bundled model (whose drafts are accepted) and a cost model marked as measured (call times are learned)
+    make interleaved requests pick different candidates."""
+    cost = {**SYNTHETIC_COST, "source": "calibrated"}
+    config = {"model": "nemotron-stdlib-tiny", "schedule": schedule, "width": 8, "max_new_tokens": 24}
+    decoder = compose({**config, "cost": cost, "threads": 1})
+    prompts = ["def fib(n):", "import os\n", "class Stack:", "x = [", "with open(", "# Return the sum"]
+    alone = [decoder.generate(p).output_ids for p in prompts]
+    assert [g.output_ids for g in decoder.generate_many(prompts, max_batch=3)] == alone
+
+
 @pytest.mark.parametrize(
     ("schedule", "order"),
     [("packed", "confidence"), ("quadratic", "confidence"), ("kbranch", "confidence"), ("auto", "ltr")],

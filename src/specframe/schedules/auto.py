@@ -10,6 +10,7 @@ verification, acceptance and the cache are the library's, and every candidate is
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -132,6 +133,19 @@ class AutoSchedule(Schedule):
         if self.policy is not None:
             out.update(self.policy.stats.describe())
         return out
+
+    def __copy__(self) -> AutoSchedule:
+        """A copy for one request of a batch: its own pick, probes and draft offsets; learned statistics shared.
+
+        Interleaved requests must not share the policy's per-request state: the candidate that planned a call
+        is the one that judges its result.
+        """
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        copied._offsets = {}
+        if self.policy is not None:
+            copied.policy = copy.copy(self.policy)
+        return copied
 
     def label(self) -> str:
         """The candidate that planned the last call (``packed/w4``, ``ar``, ...)."""
