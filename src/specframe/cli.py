@@ -155,6 +155,33 @@ def add_generate_parser(sub: Any) -> None:
     gen.set_defaults(handler=run_generate)
 
 
+def add_model_options(parser: argparse.ArgumentParser, *, adapter: bool = True) -> None:
+    """Options that say how a command loads and runs ``--model`` (device, dtype, revision, threads, ...).
+
+    Args:
+        parser: The command's parser.
+        adapter: Whether to add ``--adapter/--no-adapter`` (the drafter's LoRA adapter).
+    """
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
+    parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
+    parser.add_argument("--revision", help="Hub revision of --model")
+    if adapter:
+        parser.add_argument(
+            "--adapter",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="use (or not) the model's proposal-only LoRA adapter (default: the drafter the checkpoint declares)",
+        )
+    parser.add_argument(
+        "--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS, else chosen from model size and free cores)"
+    )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="compiled model calls over a fixed-capacity cache (torch.compile; slow warm-up)",
+    )
+
+
 def add_decoder_options(
     parser: argparse.ArgumentParser, *, schedule: bool = True, length_default: tuple[int | None, str] = (256, "256")
 ) -> None:
@@ -203,23 +230,7 @@ def add_decoder_options(
     parser.add_argument("--top-p", type=float, help="top-p truncation (rejection sampling)")
     parser.add_argument("--threshold", type=float, help="confidence threshold of the native decoders")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
-    parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
-    parser.add_argument("--revision", help="Hub revision of --model")
-    parser.add_argument(
-        "--adapter",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="use (or not) the model's proposal-only LoRA adapter (default: the drafter the checkpoint declares)",
-    )
-    parser.add_argument(
-        "--threads", type=int, help="CPU threads (default: OMP_NUM_THREADS, else chosen from model size and free cores)"
-    )
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="compiled model calls over a fixed-capacity cache (torch.compile; slow warm-up)",
-    )
+    add_model_options(parser)
     parser.add_argument(
         "--stop",
         action="append",

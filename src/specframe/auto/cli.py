@@ -9,6 +9,8 @@ from typing import Any
 
 def add_parser(sub: Any) -> None:
     """Add ``specframe calibrate``."""
+    from specframe.cli import add_model_options
+
     parser = sub.add_parser(
         "calibrate",
         help="measure what a model call costs here (cached; widths and schedules 'auto' choose by it)",
@@ -16,11 +18,7 @@ def add_parser(sub: Any) -> None:
         "per model, device, dtype, threads and compilation. Without --refresh a cached cost model is shown.",
     )
     parser.add_argument("--model", help="Hub repo id, checkpoint folder or bundled model name (default: bundled)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
-    parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
-    parser.add_argument("--revision", help="Hub revision of --model")
-    parser.add_argument("--threads", type=int, help="CPU threads, as for generate (default: the thread policy)")
-    parser.add_argument("--compile", action="store_true", help="the compiled path's cost, as for generate --compile")
+    add_model_options(parser, adapter=False)
     parser.add_argument("--refresh", action="store_true", help="calibrate again even if a cached cost model exists")
     parser.add_argument("--json", action="store_true", help="print the cost model as JSON")
     parser.set_defaults(handler=run)

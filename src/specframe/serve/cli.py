@@ -19,7 +19,7 @@ API_KEY_ENV = "SPECFRAME_API_KEY"
 
 def add_parser(sub: Any) -> None:
     """Add ``specframe serve``."""
-    from specframe.cli import width_value
+    from specframe.cli import add_model_options, width_value
 
     parser = sub.add_parser(
         "serve",
@@ -64,17 +64,7 @@ def add_parser(sub: Any) -> None:
         default=30.0,
         help="on SIGINT/SIGTERM, seconds to let requests in flight finish before cancelling them (default 30)",
     )
-    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
-    parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
-    parser.add_argument("--revision", help="Hub revision of --model")
-    parser.add_argument(
-        "--adapter",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="use (or not) the model's proposal-only adapter (default: the drafter the checkpoint declares)",
-    )
-    parser.add_argument("--threads", type=int, help="CPU threads (default: chosen from model size and free cores)")
-    parser.add_argument("--compile", action="store_true", help="compiled model calls (torch.compile; slow warm-up)")
+    add_model_options(parser)
     parser.add_argument(
         "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"], help="server log"
     )
