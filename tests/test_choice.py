@@ -20,10 +20,10 @@ from specframe.auto import costs as costs_module
 from specframe.auto import policy as auto_module
 from specframe.auto.costs import CostModel, cost_model_for, fit, load_cached, model_key, save
 from specframe.auto.rates import AR, Candidate, best, outcomes, stationary, throughput
+from specframe.auto.schedule import AUTO_MAX_WIDTH, AutoSchedule
 from specframe.auto.stats import AcceptanceStats, CallTimes, CallTokens, default_prior
 from specframe.cli import main
 from specframe.errors import ConfigError
-from specframe.schedules.auto import AUTO_MAX_WIDTH, AutoSchedule
 
 VOCAB = 24
 PROMPTS = ([3, 5, 7], [9, 2], [1, 2, 11, 4, 6, 8])

@@ -12,15 +12,30 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 if TYPE_CHECKING:
-    from specframe.decoder import Stepper
     from specframe.models.base import ModelBackend
     from specframe.models.cache import KVCache
     from specframe.plan import PhysicalCall
+
+
+class Stepper(Protocol):
+    """One request decoded a call at a time (:class:`specframe.decoder.Stepper` is the implementation)."""
+
+    cache: KVCache | None
+
+    @property
+    def done(self) -> bool:
+        """Whether the request is complete."""
+
+    def prepare(self) -> PhysicalCall | None:
+        """The request's next call (``None`` once it is done)."""
+
+    def finish(self, logits: torch.Tensor, seconds: float, batch_rows: int | None = None) -> None:
+        """Apply the logits of the prepared call."""
 
 
 def forward_calls(model: ModelBackend, batch: Sequence[tuple[KVCache, PhysicalCall]]) -> list[torch.Tensor]:

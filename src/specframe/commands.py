@@ -18,7 +18,7 @@ COMMANDS = (  # name, "module:add_parser", the line of `specframe --help`
     ("train", "specframe.training.cli:add_parser", "train one of the small bundled-style models on the Python stdlib"),
     (
         "calibrate",
-        "specframe.auto.cli:add_parser",
+        "specframe.cli:add_calibrate_parser",
         "measure (or show) this machine's model-call cost model, which width 'auto' uses",
     ),
     (

@@ -39,7 +39,7 @@ BUILTIN_PLUGINS: tuple[str, ...] = tuple(
     for module in """
     models.nemotron models.setdlm masks.nemotron masks.setdlm orders.ltr orders.confidence acceptance.greedy
     acceptance.rejection schedules.ar schedules.linear schedules.quadratic schedules.packed schedules.kbranch
-    schedules.auto schedules.native_nemotron schedules.native_setdlm commands
+    auto.schedule schedules.native_nemotron schedules.native_setdlm commands
     """.split()
 )
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from specframe.acceptance.base import AcceptanceRule
 from specframe.auto.costs import NOMINAL_COST, CostModel, cost_model_for
+from specframe.auto.schedule import AUTO_MAX_WIDTH, AutoSchedule
 from specframe.errors import ConfigError
 from specframe.exactness import declared_exact, width_changes_output
 from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
 from specframe.orders.base import OrderPolicy
-from specframe.schedules.auto import AUTO_MAX_WIDTH, AutoSchedule
 from specframe.schedules.base import Schedule
 
 
