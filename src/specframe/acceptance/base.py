@@ -312,8 +312,7 @@ def leading_true(flags: torch.Tensor) -> torch.Tensor:
 def top_probability(logits: torch.Tensor) -> torch.Tensor:
     """``[k]`` probability of each row's most likely token (float32, or float64 for float64 logits).
 
-    The softmax's row maximum, in two torch ops. (A numpy ``1 / sum(exp(x - max))`` was tried: on the
-    development machine, with the one thread the bundled models run on, it took 38-42 µs over the 8 x 2048
-    drafter rows of a Packed-SS W=8 call against 16-23 µs for this.)
+    The softmax's row maximum, in two torch ops. (A numpy ``1 / sum(exp(x - max))`` was tried and was slower
+    on the one thread the bundled models run on: ``docs/performance.md#host-side-choices``.)
     """
     return torch.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1).amax(-1)

@@ -72,9 +72,9 @@ def top_k_candidates(
         scaled = scaled / scaled.dtype.type(temperature)
     cut = scaled.shape[1] - top_k - 1
     # The k + 1 largest of each row, the (k + 1)-th in column 0 (argpartition puts it in place: one
-    # introselect; asking for the k-th's place too costs a second one, 3x as long)
+    # introselect; asking for the k-th's place too costs a second one; docs/performance.md#host-side-choices)
     top = numpy.argpartition(scaled, cut, axis=1)[:, cut:]
-    values = scaled[_rows(top.shape[0]), top]  # (take_along_axis builds this index in Python: 3x slower)
+    values = scaled[_rows(top.shape[0]), top]  # (not take_along_axis: it builds this index in Python)
     ids, beyond, values = numpy.ascontiguousarray(top[:, 1:]), values[:, 0], values[:, 1:]
     if (values.min(1) <= beyond).any() or not numpy.isfinite(values).all():
         return None  # a tie at the k-th largest (more than k kept tokens), or NaN
@@ -147,8 +147,8 @@ def _residual(p, q):
 def _lookup(ids, probs, tokens):
     """The probability a candidate row (``ids``, ``probs``; id -1 pads) gives each of ``tokens`` (0 if none).
 
-    Through a dense scratch row (a [K, K] comparison costs ~0.5 ms for the widest top-p nuclei); the pads
-    write their 0 to a spare last slot.
+    Through a dense scratch row (a [K, K] comparison grows with the square of the widest nucleus, which top-p
+    makes hundreds of tokens wide); the pads write their 0 to a spare last slot.
     """
     scratch = numpy.zeros(int(max(ids.max(), tokens.max())) + 2, dtype=probs.dtype)
     scratch[ids] = probs

@@ -2,9 +2,9 @@
 
 The reference semantics (:func:`nucleus_sorted`): sort each row's probabilities in descending order, ties by
 ascending token index (a stable sort), keep each token whose mass before it is ``< top_p`` (so the token that
-crosses ``top_p`` is kept), zero the others and renormalise. On a CPU the full-vocabulary sort dominates: about
-1-2 ms for the 17 x 2048 rows of a Packed-SS W=8 call on the 2-core development machine, against ~50 µs for a
-``topk`` of 32 and ~200 µs for one of 512.
+crosses ``top_p`` is kept), zero the others and renormalise. On a CPU the full-vocabulary sort dominates: a
+``topk`` of a few dozen or a few hundred entries per row costs a fraction of it (the figures:
+``docs/performance.md#host-side-choices``).
 
 :func:`nucleus` computes the same result from the ``m`` largest entries of each row only:
 
@@ -27,9 +27,8 @@ check take the full sort, those rows only, and the masked rows are renormalised 
 does. The check costs one host read, free on a CPU; on other devices it would be a synchronisation per call,
 so they keep the full sort.
 
-On a CPU the sort is numpy's (:func:`host_nucleus`; over the 17 x 2048 rows of a Packed-SS W=8 call of the
-bundled model about 0.27 ms, 0.39 ms after a cache flush, where ``torch.sort`` alone takes 2.1-2.6 ms; measured
-under load). Each float32
+On a CPU the sort is numpy's (:func:`host_nucleus`: a vectorised sort of integer keys, in place of the
+``torch.sort`` that would dominate the call; see ``docs/performance.md#host-side-choices``). Each float32
 probability and its token id are packed into one 64-bit key, ``(~bits) << 32 | id`` (the bits of a
 non-negative float order as the float), so a vectorised sort of integers orders a row by decreasing
 probability, ties by increasing id -- the stable sort's order. The row's 512 smallest keys are set apart by
@@ -53,9 +52,10 @@ from specframe.acceptance.select import numpy, numpy_readable
 #: Candidates per row tried first when no smaller top-k bounds the kept tokens.
 DEFAULT_CANDIDATES = 64
 
-#: The candidate count grows to at most this fraction of the vocabulary: measured on the development machine
-#: (17 x 2048 float32), 1024 candidates cost as much as the full sort, 512 about 0.7x of it. A larger top-k
-#: than this bound (``top_k + 1`` candidates) takes the full sort directly.
+#: The candidate count grows to at most this fraction of the vocabulary: a ``topk`` of many candidates costs
+#: nearly what the full sort does, so past this share the candidates stop paying for themselves. A larger
+#: top-k than this bound (``top_k + 1`` candidates) takes the full sort directly. Tuned on one machine:
+#: ``docs/performance.md#host-side-choices``.
 MAX_CANDIDATE_SHARE = 0.25
 
 #: The candidate count doubles for the next call when more than one row in this many took the full sort.
@@ -67,9 +67,9 @@ UNDECIDED_SHARE = 4
 HOST_PREFIX = 512
 
 #: Ranks :func:`host_nucleus` sorts for every row (a partition sets them apart first); the rest of a row is
-#: sorted only when its cut lies past them. Measured on the development machine over a Packed-SS W=8 call's
-#: 17 x 2048 rows of the bundled model (nuclei of 0.9: median 204 tokens, widest per call median 451):
-#: 0.7x the time of a full sort.
+#: sorted only when its cut lies past them. It trades a partition per row for sorting a head that holds most
+#: rows' nuclei (top-p 0.9 on the bundled model), so that few rows sort the rest. Tuned on one machine:
+#: ``docs/performance.md#host-side-choices``.
 HOST_HEAD = 512
 
 

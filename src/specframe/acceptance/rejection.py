@@ -245,7 +245,7 @@ def sample_rows(weights: torch.Tensor, generator: torch.Generator | None) -> tor
 
     Inverse-CDF sampling: a uniform in ``(0, 1]`` scaled by the row's total picks the first token whose
     cumulative weight reaches it, so a token of zero weight is never drawn. On a CPU this costs a few
-    vectorised ops where ``torch.multinomial`` costs about a millisecond per call.
+    vectorised ops, far less than a ``torch.multinomial`` call (``docs/performance.md#host-side-choices``).
 
     Returns:
         ``[k, 1]`` int64 token ids.

@@ -1,13 +1,12 @@
 """Row-wise selections over logits, exact and cheap on CPUs: the first argmax and the k-th largest value.
 
 On a CPU, reductions that track an index (``max`` with indices, ``argmax``, ``topk``) run a scalar loop per
-element, about 8x slower than a plain ``amax`` (measured on the 2-core development machine: 40-60 µs for the
-17 x 2048 logits of a Packed-SS W=8 call against 5 µs). Both selections here therefore first reduce each
-row to a few candidates with vectorised ``amax`` over chunks and run the indexed reduction on those only.
-The results are exactly those of the plain reductions, ties included; rows too small to pay for the extra
-ops take the plain path. On a CPU the first argmax is numpy's (vectorised, 5x faster than ``max`` over the
-17 x 2048 logits of a Packed-SS W=8 call, and 4 µs less per 1-row call), read straight into a host list by
-:func:`host_first_argmax` when the caller needs the values on the host anyway.
+element, where a plain ``amax`` is vectorised, so they cost many times more per element. Both selections
+here therefore first reduce each row to a few candidates with vectorised ``amax`` over chunks and run the
+indexed reduction on those only. The results are exactly those of the plain reductions, ties included; rows
+too small to pay for the extra ops take the plain path. On a CPU the first argmax is numpy's (vectorised,
+unlike torch's), read straight into a host list by :func:`host_first_argmax` when the caller needs the
+values on the host anyway. What these choices were measured at: ``docs/performance.md#host-side-choices``.
 """
 
 from __future__ import annotations
@@ -21,9 +20,9 @@ try:  # numpy's argmax is vectorised on CPUs (torch's runs a scalar loop); witho
 except ImportError:  # pragma: no cover - numpy comes with nearly every torch install
     numpy = None
 
-#: Rows shorter than this take the plain ``max`` for their argmax: measured on the development machine, the
-#: chunked one (4 ops more) pays from rows of ~8k entries (2.5x faster over 17 x 8192, 2.6x over 1 x 131072)
-#: but not over the bundled models' 2048-entry rows, whose logits stay in the cache.
+#: Rows shorter than this take the plain ``max`` for their argmax. The chunked one trades 4 ops more per call
+#: for a vectorised pass over the row, so it pays on long rows only; short rows (the bundled models' 2048
+#: entries) stay in the cache and gain nothing. Tuned on one machine: ``docs/performance.md#host-side-choices``.
 CHUNKED_ARGMAX_MIN_VOCAB = 8_192
 
 #: Below this many values the k-th largest value is a plain ``topk``.
