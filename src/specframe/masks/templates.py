@@ -248,9 +248,9 @@ class TemplateCache:
         ids = [*template.ids]
         for row, index in template.slots:
             ids[row] = tokens[index]
-        # torch.frombuffer wraps a host buffer without the per-element conversion torch.tensor does (2 µs
-        # instead of 9 on a CPU). On the CPU, one buffer each (indexing rows of a joint one costs two more
-        # ops, 5 µs); for an accelerator, one joint buffer and one copy.
+        # torch.frombuffer wraps a host buffer without the per-element conversion torch.tensor does. On the
+        # CPU, one buffer each (indexing rows of a joint one costs two more ops); for an accelerator, one
+        # joint buffer and one copy. What each was measured at: docs/performance.md#host-side-choices.
         if self._on_cpu:
             input_ids = torch.frombuffer(array("q", ids), dtype=torch.int64)
             position_ids = torch.frombuffer(array("q", positions), dtype=torch.int64)

@@ -105,7 +105,8 @@ class Schedule(ABC):
 class VerificationWindow(NamedTuple):
     """The active window in verification order, with the draft chain that covers its leading ranks.
 
-    (A named tuple: made once per call, it costs a fifth of a frozen dataclass.)
+    (A named tuple: made once per call, and cheaper to make than a frozen dataclass, which sets each field
+    through ``object.__setattr__``; see ``docs/performance.md#host-side-choices``.)
 
     Attributes:
         order: Window positions in rank order, possibly followed by one bonus position.
