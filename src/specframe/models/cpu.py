@@ -30,15 +30,21 @@ SWITCH = "SPECFRAME_CPU_TUNING"
 """The environment variable that turns CPU tuning off (``0``) for every model loaded afterwards."""
 
 PACKED_MIN_ROWS = 3
-"""Rows from which the float32 prepacked oneDNN kernel beats ``F.linear`` (measured: 2 rows tie, 4 win)."""
+"""Rows from which the float32 prepacked oneDNN kernel is used instead of ``F.linear``.
+
+It trades a fixed cost per call for cheaper rows, so it pays from a few rows on; the value was tuned on one
+machine (``docs/performance.md#cpu-tuning-one-room-one-switch``)."""
 
 PACK_MIN_ELEMENTS = 1 << 20
 """Smallest float32 matrix worth prepacking (below it the oneDNN call's fixed cost dominates)."""
 
 TRANSPOSED_SKIP_ROWS = (2, 3)
-"""Row counts at which a small float32 matrix's transposed copy loses to ``F.linear`` (measured)."""
+"""Row counts at which a small float32 matrix's transposed copy is skipped for ``F.linear``, which was faster
+there on the machine it was tuned on (``docs/performance.md#cpu-tuning-one-room-one-switch``)."""
 
-_PACK_HINT = {torch.float32: 16, torch.bfloat16: 4}  # oneDNN's batch-size hint (measured best of 1/4/16/64)
+# oneDNN's batch-size hint: the input row count it picks the packed layout for; chosen per dtype from 1/4/16/64 on
+# one machine (docs/performance.md#cpu-tuning-one-room-one-switch).
+_PACK_HINT = {torch.float32: 16, torch.bfloat16: 4}
 _MEMORY_SHARE = 0.25  # prepacked copies may take at most this share of physical memory
 
 

@@ -2,9 +2,9 @@
 
 A call of a small model is a chain of small operations; splitting each one across threads costs a
 synchronisation per operation, which a 4M-parameter model cannot repay, and a thread that waits for a core
-held by another process stalls every operation it takes part in. Measured on the 2-core development machine:
-``specframe generate`` with one busy neighbour process took 30x longer with torch's default of one thread per
-core than alone. The policy therefore is:
+held by another process stalls every operation it takes part in. On a machine shared with other work,
+torch's default of one thread per core can make a small model's decoding many times slower than one thread
+does (past measurements: ``docs/performance.md#threads`` and ``#host-side-choices``). The policy therefore is:
 
 1. ``threads`` given (``--threads N``, config ``threads: N``): use exactly N;
 2. else ``OMP_NUM_THREADS`` set: leave torch's thread count alone (torch has already read it);
