@@ -6,7 +6,7 @@ here therefore first reduce each row to a few candidates with vectorised ``amax`
 indexed reduction on those only. The results are exactly those of the plain reductions, ties included; rows
 too small to pay for the extra ops take the plain path. On a CPU the first argmax is numpy's (vectorised,
 unlike torch's), read straight into a host list by :func:`host_first_argmax` when the caller needs the
-values on the host anyway. What these choices were measured at: ``docs/performance.md#host-side-choices``.
+values on the host anyway. Past timings of these choices: ``docs/performance.md#host-side-choices``.
 """
 
 from __future__ import annotations

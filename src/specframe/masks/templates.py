@@ -250,7 +250,7 @@ class TemplateCache:
             ids[row] = tokens[index]
         # torch.frombuffer wraps a host buffer without the per-element conversion torch.tensor does. On the
         # CPU, one buffer each (indexing rows of a joint one costs two more ops); for an accelerator, one
-        # joint buffer and one copy. What each was measured at: docs/performance.md#host-side-choices.
+        # joint buffer and one copy. Past timings of each: docs/performance.md#host-side-choices.
         if self._on_cpu:
             input_ids = torch.frombuffer(array("q", ids), dtype=torch.int64)
             position_ids = torch.frombuffer(array("q", positions), dtype=torch.int64)
