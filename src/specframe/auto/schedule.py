@@ -77,7 +77,7 @@ class AutoSchedule(Schedule):
         self._cost_source: Callable[[], CostModel] | None = None
         self._rows_of_plan: Callable[[CallPlan], int] | None = None
         self._planners: dict[Candidate, Schedule] = {}
-        self._rows: dict[tuple[Candidate, int], int] = {}
+        self._rows: dict[tuple[Candidate, int, int], int] = {}
         self._offsets: dict[int, tuple[str, int]] = {}
         self._ctx = None
 
@@ -140,6 +140,8 @@ class AutoSchedule(Schedule):
         Interleaved requests must not share the policy's per-request state: the candidate that planned a call
         is the one that judges its result.
         """
+        if self._cost_source is not None and self._rows_of_plan is not None:
+            _ = self.cost  # got once here, not once per request
         copied = type(self).__new__(type(self))
         copied.__dict__.update(self.__dict__)
         copied._offsets = {}
@@ -200,7 +202,6 @@ class AutoSchedule(Schedule):
             self.policy = WidthPolicy(self.candidates(ctx.width), self._row_count, size=ctx.width + 1,
                                       free_bonus=free_bonus, k=self.k)  # fmt: skip
             self.policy.bind(self.cost, deterministic=self.deterministic)
-            self._rows.clear()
         self._ctx = replace(ctx, eos_token_ids=frozenset(), stop_sequences=(), stop_texts=())
         self._offsets = {}
         self.policy.start_request()
@@ -208,7 +209,7 @@ class AutoSchedule(Schedule):
     # -- rows of a candidate's calls, from the family's layout of its plan -----------------------------
     def _row_count(self, candidate: Candidate, kappa: int) -> int:
         """Rows of a steady-state call of ``candidate`` verifying ``kappa`` drafts (memoised)."""
-        key = (candidate, kappa)
+        key = (candidate, kappa, self._ctx.width)  # shared by a batch's copies: a layout fact, no request's
         if key not in self._rows:
             self._rows[key] = self._rows_of_plan(self._steady_plan(candidate, kappa))
         return self._rows[key]
