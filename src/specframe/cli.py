@@ -22,6 +22,7 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from specframe.envflags import env_flag
@@ -237,6 +238,13 @@ def width_value(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def folder_path(text: str) -> Path:
+    """A folder option's value; an empty one is refused (``Path("")`` would be the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a folder path")
+    return Path(text)
 
 
 def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> dict[str, Any]:

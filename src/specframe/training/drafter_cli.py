@@ -16,9 +16,10 @@ import json
 from dataclasses import fields
 from typing import Any
 
+from specframe.cli import folder_path
 from specframe.errors import ConfigError
 from specframe.models.loading import attach_drafter
-from specframe.training.cli import _setting, folder_path
+from specframe.training.cli import _setting
 
 
 def add_parser(subparsers: Any) -> None:
