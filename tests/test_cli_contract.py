@@ -143,7 +143,7 @@ def test_help_says_what_each_command_does_and_the_defaults_that_apply(capsys):
 
     text = _help(capsys)
     commands = get_registry().entries("command")
-    assert {"plugins", "generate", "bench", "train", "calibrate", "convert", "pull"} <= {e.name for e in commands}
+    assert {"plugins", "generate", "bench", "calibrate", "convert", "pull"} <= {e.name for e in commands}
     for entry in commands:
         assert f"{entry.name} {entry.extras['help']}" in text
     assert "see `specframe" not in text and "COMMAND --help" in text

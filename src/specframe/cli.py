@@ -5,7 +5,8 @@ Subcommands:
 * ``specframe plugins``: every registered implementation as JSON (kind, name, plugin, distribution);
 * ``specframe generate``: decode one prompt and print the text as it is accepted or, with ``--json``, one
   object with text, ids and metrics;
-* every other command (``bench``, ``train``, ``convert``, ...) and a plugin's commands come from the
+* every other command (``bench``, ``convert``, ...) and a plugin's commands (``train`` and ``train-drafter``
+  come from the specframe-training plugin in the repository's ``plugins/``) come from the
   ``register_commands`` hook (:mod:`specframe.commands` registers the built-in ones) and are imported only
   when they run.
 

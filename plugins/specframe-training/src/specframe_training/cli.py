@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``specframe train``."""
     from specframe.bench.records import prepare_folder
-    from specframe.training.trainer import TrainConfig, preset, ship, train
+    from specframe_training.trainer import TrainConfig, preset, ship, train
 
     overrides = dict(_setting(item) for item in args.set)
     known = [f.name for f in fields(TrainConfig) if f.name != "family"]
