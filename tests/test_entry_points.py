@@ -112,3 +112,8 @@ def test_the_training_commands_come_with_the_specframe_training_distribution(tra
     for command in ("train", "train-drafter"):
         result = run_with(training_site, ["-m", "specframe.cli", command, "--help"])
         assert result.returncode == 0 and "--work-dir" in result.stdout, result.stderr
+    excluded = run_with(training_site, ["-m", "specframe.cli", "train", "setdlm"], load="")
+    assert excluded.returncode == 1 and excluded.stderr.count("\n") == 1, excluded.stderr
+    assert "comes from the installed distribution 'specframe-training', which SPECFRAME_LOAD_PLUGINS='' excludes" in (
+        " ".join(excluded.stderr.split())
+    )

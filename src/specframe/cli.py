@@ -23,11 +23,13 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
+from specframe.commands import PLUGIN_COMMANDS
 from specframe.envflags import env_flag
-from specframe.errors import ConfigError, InputError, PluginError, SpecframeError
+from specframe.errors import ConfigError, InputError, PluginError, SpecframeError, UnknownPluginError
 from specframe.exactness import inexact_reason
 from specframe.plugins import BUILTIN_DISTRIBUTION, PluginEntry, get_registry
 from specframe.specs import comma_items, parse_spec
@@ -93,7 +95,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The argument parser: every registered command, of which only the one ``argv`` runs is imported.
 
     Raises:
-        PluginError: The command to run is registered twice, or its plugin's ``add_parser`` fails.
+        PluginError: The command to run is registered twice, or its plugin's ``add_parser`` fails, or it is the
+            command of a distribution in the repository's ``plugins/`` folder that is not installed or not loaded
+            (:data:`specframe.commands.PLUGIN_COMMANDS`).
     """
     parser = CommandLineParser(
         prog="specframe",
@@ -107,6 +111,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
     parser.subcommands = sub.choices  # type: ignore[attr-defined]
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    if chosen in PLUGIN_COMMANDS and chosen not in commands:
+        distribution = PLUGIN_COMMANDS[chosen]
+        try:
+            metadata.distribution(distribution)
+        except metadata.PackageNotFoundError:
+            raise UnknownPluginError(
+                f"`specframe {chosen}` comes from the distribution {distribution!r}, which is not installed; install "
+                f"it from a checkout of the specframe repository: pip install ./plugins/{distribution}"
+            ) from None
+        registry.get("command", chosen)  # installed, not registered: its error says why (SPECFRAME_LOAD_PLUGINS, ...)
     for name, entry in commands.items():
         if name == chosen:
             add_command(sub, registry.get("command", name))  # names both plugins of a clash
