@@ -9,7 +9,7 @@ It loads each bundled model through ``specframe.models.load_model`` (float32, CP
 perplexity through the inference forward, decodes held-out prompts greedily with Linear-SS and Packed-SS at
 W = 4, 8, 16 (plus AR as a check), and plots the training curves from the records that
 ``scripts/train_bundled.sh`` copies to docs/models/training/<model>/. The measured figures are also written
-to docs/models/bundled.json.
+to docs/models/bundled.json. It needs the specframe-training plugin (``pip install ./plugins/specframe-training``).
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from specframe_training.distill import DistillConfig
+from specframe_training.evaluate import acceptance, heldout_perplexity, heldout_prompts, heldout_windows
+from specframe_training.objectives import AnyOrderObjective, BlockDiffusionObjective
+from specframe_training.trainer import BUNDLED, TrainConfig, step_seconds
 
 from specframe.models import load_model
 from specframe.models.hub import DEFAULT_MODEL, bundled_model
-from specframe.training.distill import DistillConfig
-from specframe.training.evaluate import acceptance, heldout_perplexity, heldout_prompts, heldout_windows
-from specframe.training.objectives import AnyOrderObjective, BlockDiffusionObjective
-from specframe.training.trainer import BUNDLED, TrainConfig, step_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "models"
@@ -231,7 +231,7 @@ def page(measured: list[dict[str, Any]]) -> str:
         "bidirectionally within the block and to the clean rows before it. Most blocks keep their first token clean "
         "(the drafting seed of `[last accepted, MASK x W]`) and mask every other slot; some mask the seed too (the "
         "first call and Quadratic-SS groups); the rest are partly masked (native block decoding).",
-        "- **Drafter self-distillation** (Nemotron-style model, `specframe.training.distill`): after the main "
+        "- **Drafter self-distillation** (Nemotron-style model, `specframe_training.distill`): after the main "
         "steps, a short stage extends real prefixes from the training files with the model's own greedy AR "
         "rollouts (float32, the tokens the verifier would choose) and trains the same objective on them, except "
         "that rollout tokens carry no next-token loss. Greedy verification accepts a draft token when it equals the "
@@ -241,7 +241,8 @@ def page(measured: list[dict[str, Any]]) -> str:
         "orders (left to right with local shuffling, some windows exactly left to right). A mask row sees the clean "
         "tokens earlier in the order (verifier queries) or only those a random number of ranks earlier (proposal "
         "queries, which see only the verified prefix).",
-        "- **Reproduce:** `bash scripts/train_bundled.sh` (both models, `specframe train ...`, resumable).",
+        "- **Reproduce:** `bash scripts/train_bundled.sh` (both models, `specframe train ...`, resumable; the "
+        "command comes from the specframe-training plugin, `pip install ./plugins/specframe-training`).",
         "",
         "| model | family | architecture | objective | training | tokens seen | held-out AR perplexity |",
         "| :--- | :--- | :--- | :--- | :--- | ---: | ---: |",

@@ -2,7 +2,8 @@
 # Train both bundled models from scratch on this machine's standard-library source and ship them:
 # checkpoints to src/specframe/assets/models/<name>/, training records to docs/models/training/<name>/.
 # Both runs go at once, one thread each (about 50 minutes on a 2-core machine; each run alone with 2 threads
-# takes under 30). A run resumes from its work folder when restarted. Then regenerate the docs page:
+# takes under 30). A run resumes from its work folder when restarted. `specframe train` comes from the
+# specframe-training plugin (pip install ./plugins/specframe-training). Then regenerate the docs page:
 #   python scripts/bundled_docs.py
 set -euo pipefail
 cd "$(dirname "$0")/.."

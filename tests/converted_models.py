@@ -20,6 +20,18 @@ CHATML = (
     "'\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 VOCAB = 300
+# What the tokenizer's merges are learned from: short chat requests (like the prompts drafters are trained on).
+TEMPLATES = (
+    "What is {topic}?",
+    "Explain {topic} in simple terms.",
+    "Give me three facts about {topic}.",
+    "Write a short paragraph about {topic}.",
+    "Why is {topic} important?",
+    "Compare {topic} with {other}.",
+    "What is the difference between {topic} and {other}?",
+    "Write a short story that involves {topic}.",
+)
+TOPICS = ("photosynthesis", "the moon", "volcanoes", "gravity", "the internet", "bees", "the ocean", "chess")
 SIZES = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -32,8 +44,6 @@ SIZES = {
 
 def _tokenizer_json() -> dict:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    from specframe.training.prompts import TEMPLATES, TOPICS
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -17,6 +17,7 @@ import torch
 
 from specframe.models.base import ModelBackend, ModelCall
 from specframe.models.cache import KVCache
+from specframe.models.layers import ForwardContext, RotaryEmbedding, llama4_query_scale
 
 
 class MonotoneOracle(ModelBackend):
@@ -92,14 +93,19 @@ def network_logits(
 ) -> torch.Tensor:
     """The reference forward: logits of a transformer backend's network over one sequence of rows, no cache.
 
-    Runs the network's own modules, one operation per checkpoint tensor, as training does
-    (:class:`specframe.training.forward.TrainingForward`): an oracle for the inference forward of
-    :mod:`specframe.models.forward`, which shares none of its code. ``mask`` is ``[R, R]`` (True = may attend).
+    Runs the network's own modules (:mod:`specframe.models.layers`), one operation per checkpoint tensor, as
+    training does: an oracle for the inference forward of :mod:`specframe.models.forward`, which shares none of
+    its code. ``mask`` is ``[R, R]`` (True = may attend).
     """
-    from specframe.training.forward import TrainingForward
-
-    forward = TrainingForward(model.network, model.dtype)
+    config = model.network.config
+    device = next(model.network.parameters()).device
+    rotary = RotaryEmbedding(config.rope, config.dims.head_dim, device, model.dtype)
+    cos, sin = rotary(positions[None])
+    scale = None
+    if config.query_scale_beta:
+        scale = llama4_query_scale(positions[None], config.query_scale_beta, config.query_scale_length, model.dtype)
     adapter = None if adapter_rows is None or not model.has_adapter else adapter_rows[None]
+    ctx = ForwardContext(cos=cos, sin=sin, mask=mask[None], query_scale=scale, adapter_rows=adapter)
     with torch.no_grad():
-        hidden = forward.hidden(ids[None], positions[None], mask[None], adapter_rows=adapter)[0]
+        hidden = model.network.body(ids[None], ctx)[0]
         return model.finish_logits(model.network.logits(hidden))

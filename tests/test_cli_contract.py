@@ -143,13 +143,38 @@ def test_help_says_what_each_command_does_and_the_defaults_that_apply(capsys):
 
     text = _help(capsys)
     commands = get_registry().entries("command")
-    assert {"plugins", "generate", "bench", "train", "calibrate", "convert", "pull"} <= {e.name for e in commands}
+    assert {"plugins", "generate", "bench", "calibrate", "convert", "pull"} <= {e.name for e in commands}
     for entry in commands:
         assert f"{entry.name} {entry.extras['help']}" in text
     assert "see `specframe" not in text and "COMMAND --help" in text
     assert "output length limit (default 256)" in _help(capsys, "generate")
     bench = _help(capsys, "bench")  # bench's length default is the task's cap, not generate's 256
     assert "default 256" not in bench and "the task's own cap: smoke 128, chat 128, humaneval 512" in bench
+
+
+def test_a_command_of_a_repository_plugin_that_is_not_installed_says_how_to_install_it(capsys, monkeypatch):
+    from specframe import commands
+
+    monkeypatch.setitem(commands.PLUGIN_COMMANDS, "imaginary", "specframe-imaginary")
+    code, out, err = _run(capsys, "imaginary", "--help")
+    assert code == 1 and not out
+    assert err == (
+        "error: `specframe imaginary` comes from the distribution 'specframe-imaginary', which is not installed; "
+        "install it from a checkout of the specframe repository: pip install ./plugins/specframe-imaginary\n"
+    )
+
+
+def test_the_repository_plugins_named_for_commands_are_in_plugins():
+    from pathlib import Path
+
+    from specframe.commands import COMMANDS, PLUGIN_COMMANDS
+
+    root = Path(__file__).resolve().parents[1]
+    assert {"train", "train-drafter"} <= set(PLUGIN_COMMANDS)
+    for name, distribution in PLUGIN_COMMANDS.items():
+        pyproject = root / "plugins" / distribution / "pyproject.toml"
+        assert f'name = "{distribution}"' in pyproject.read_text(encoding="utf-8"), name
+        assert name not in {command for command, _, _ in COMMANDS}  # a built-in needs no installing
 
 
 def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, checkpoints, tmp_path, monkeypatch):

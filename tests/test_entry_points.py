@@ -15,6 +15,7 @@ from specframe.testing.plugins import install_distribution, run_with
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "plugins" / "specframe-ablation-orders"
+TRAINING = ROOT / "plugins" / "specframe-training"
 ENTRY = {
     "kind": "order_policy",
     "name": "lowest-confidence",
@@ -95,3 +96,24 @@ def test_an_installed_plugins_command_is_listed_by_help_and_runs(site):
     assert result.stdout == "6 5 7\n"
     excluded = run_with(site, ["-m", "specframe.cli", "--help"], load="")
     assert "ablation-order" not in excluded.stdout  # a command comes and goes with its plugin
+
+
+@pytest.fixture(scope="module")
+def training_site(tmp_path_factory):
+    return install_distribution(TRAINING, tmp_path_factory.mktemp("training-site"))
+
+
+def test_the_training_commands_come_with_the_specframe_training_distribution(training_site):
+    listing = run_with(training_site, ["-m", "specframe.cli", "--help"])
+    assert listing.returncode == 0, listing.stderr
+    text = " ".join(listing.stdout.split())  # argparse wraps the help column
+    assert "train train one of the small bundled-style models on the Python stdlib" in text
+    assert "train-drafter train the drafter (proposal LoRA) of a converted model" in text
+    for command in ("train", "train-drafter"):
+        result = run_with(training_site, ["-m", "specframe.cli", command, "--help"])
+        assert result.returncode == 0 and "--work-dir" in result.stdout, result.stderr
+    excluded = run_with(training_site, ["-m", "specframe.cli", "train", "setdlm"], load="")
+    assert excluded.returncode == 1 and excluded.stderr.count("\n") == 1, excluded.stderr
+    assert "comes from the installed distribution 'specframe-training', which SPECFRAME_LOAD_PLUGINS='' excludes" in (
+        " ".join(excluded.stderr.split())
+    )

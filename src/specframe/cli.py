@@ -5,7 +5,8 @@ Subcommands:
 * ``specframe plugins``: every registered implementation as JSON (kind, name, plugin, distribution);
 * ``specframe generate``: decode one prompt and print the text as it is accepted or, with ``--json``, one
   object with text, ids and metrics;
-* every other command (``bench``, ``train``, ``convert``, ...) and a plugin's commands come from the
+* every other command (``bench``, ``convert``, ...) and a plugin's commands (``train`` and ``train-drafter``
+  come from the specframe-training plugin in the repository's ``plugins/``) come from the
   ``register_commands`` hook (:mod:`specframe.commands` registers the built-in ones) and are imported only
   when they run.
 
@@ -22,10 +23,13 @@ import os
 import re
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
 from typing import Any, NoReturn
 
+from specframe.commands import PLUGIN_COMMANDS
 from specframe.envflags import env_flag
-from specframe.errors import ConfigError, InputError, PluginError, SpecframeError
+from specframe.errors import ConfigError, InputError, PluginError, SpecframeError, UnknownPluginError
 from specframe.exactness import inexact_reason
 from specframe.plugins import BUILTIN_DISTRIBUTION, PluginEntry, get_registry
 from specframe.specs import comma_items, parse_spec
@@ -91,7 +95,9 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The argument parser: every registered command, of which only the one ``argv`` runs is imported.
 
     Raises:
-        PluginError: The command to run is registered twice, or its plugin's ``add_parser`` fails.
+        PluginError: The command to run is registered twice, or its plugin's ``add_parser`` fails, or it is the
+            command of a distribution in the repository's ``plugins/`` folder that is not installed or not loaded
+            (:data:`specframe.commands.PLUGIN_COMMANDS`).
     """
     parser = CommandLineParser(
         prog="specframe",
@@ -105,6 +111,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
     parser.subcommands = sub.choices  # type: ignore[attr-defined]
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
+    if chosen in PLUGIN_COMMANDS and chosen not in commands:
+        distribution = PLUGIN_COMMANDS[chosen]
+        try:
+            metadata.distribution(distribution)
+        except metadata.PackageNotFoundError:
+            raise UnknownPluginError(
+                f"`specframe {chosen}` comes from the distribution {distribution!r}, which is not installed; install "
+                f"it from a checkout of the specframe repository: pip install ./plugins/{distribution}"
+            ) from None
+        registry.get("command", chosen)  # installed, not registered: its error says why (SPECFRAME_LOAD_PLUGINS, ...)
     for name, entry in commands.items():
         if name == chosen:
             add_command(sub, registry.get("command", name))  # names both plugins of a clash
@@ -281,6 +297,13 @@ def width_value(text: str) -> int | str:
         return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer or 'auto', got {text!r}") from None
+
+
+def folder_path(text: str) -> Path:
+    """A folder option's value; an empty one is refused (``Path("")`` would be the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; give a folder path")
+    return Path(text)
 
 
 def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> dict[str, Any]:

@@ -15,7 +15,6 @@ COMMANDS = (  # name, "module:add_parser", the line of `specframe --help`
         "specframe.bench.cli:add_parser",
         "compare schedules on a task's prompts (speed, accuracy, acceptance, bootstrap intervals)",
     ),
-    ("train", "specframe.training.cli:add_parser", "train one of the small bundled-style models on the Python stdlib"),
     (
         "calibrate",
         "specframe.cli:add_calibrate_parser",
@@ -25,11 +24,6 @@ COMMANDS = (  # name, "module:add_parser", the line of `specframe --help`
         "convert",
         "specframe.convert.cli:add_parser",
         "convert an AR checkpoint (GGUF or transformers Llama/Mistral/Qwen3) into a specframe model folder",
-    ),
-    (
-        "train-drafter",
-        "specframe.training.drafter_cli:add_parser",
-        "train the drafter (proposal LoRA) of a converted model on its own greedy text",
     ),
     (
         "pull",
@@ -42,6 +36,10 @@ COMMANDS = (  # name, "module:add_parser", the line of `specframe --help`
         "serve a model over an OpenAI-compatible HTTP API (completions, chat, streaming, /metrics)",
     ),
 )
+
+# Commands of the distributions in the specframe repository's plugins/ folder (not on PyPI): when one is run
+# without its distribution installed, the error says how to install it.
+PLUGIN_COMMANDS = {"train": "specframe-training", "train-drafter": "specframe-training"}
 
 
 @hookimpl

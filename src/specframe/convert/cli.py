@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from specframe.training.cli import folder_path
+from specframe.cli import folder_path
 
 
 def add_parser(subparsers: Any) -> None:

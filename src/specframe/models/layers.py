@@ -1,10 +1,10 @@
 """Building blocks shared by the model families: RMSNorm, RoPE (default and YaRN), attention, SwiGLU.
 
-The modules hold the network's parameters under the checkpoint's names. Their own forward is training's
-(:mod:`specframe.training`): batched rows ``[B, T, ...]`` attending among themselves under a ``[B, T, T]`` mask
-(see :class:`ForwardContext`), with autograd. Inference runs :mod:`specframe.models.forward` over the same
-parameters. Rotary embeddings are computed from each row's own position id, so rows may carry arbitrary,
-scattered or repeated positions.
+The modules hold the network's parameters under the checkpoint's names. Their own forward is training's (the
+specframe-training plugin) and the test suite's reference for the inference forward: batched rows
+``[B, T, ...]`` attending among themselves under a ``[B, T, T]`` mask (see :class:`ForwardContext`), with
+autograd. Inference runs :mod:`specframe.models.forward` over the same parameters. Rotary embeddings are
+computed from each row's own position id, so rows may carry arbitrary, scattered or repeated positions.
 """
 
 from __future__ import annotations

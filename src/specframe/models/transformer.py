@@ -86,7 +86,7 @@ class DecoderStack(nn.Module):
         self.norm = RMSNorm(d.hidden_size, d.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
-        """Normalised final hidden states ``[B, T, hidden]`` of batched rows (training's forward).
+        """Normalised final hidden states ``[B, T, hidden]`` of batched rows (training's forward, and the tests').
 
         Inference runs :mod:`specframe.models.forward` over the same parameters.
         """

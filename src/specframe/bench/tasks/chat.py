@@ -1,8 +1,8 @@
 """``chat``: two dozen everyday chat requests, sent through the model's chat template.
 
-Written for specframe and held out from the prompts a drafter is trained on (``specframe train-drafter``
-uses :mod:`specframe.training.prompts`, which shares no template with these). A few have a short factual
-answer, graded by whether the response contains it; the rest are speed-only.
+Written for specframe and held out from the prompts a drafter is trained on (``specframe train-drafter``, of
+the specframe-training plugin, uses its ``specframe_training.prompts``, which shares no template with these).
+A few have a short factual answer, graded by whether the response contains it; the rest are speed-only.
 """
 
 from __future__ import annotations

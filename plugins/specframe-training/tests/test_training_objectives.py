@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
+from specframe_training.forward import TrainingForward
+from specframe_training.objectives import IGNORE, AnyOrderObjective, BlockDiffusionObjective, batch_losses
 
 from specframe.models import load_model
 from specframe.models.base import ModelCall
 from specframe.testing.models import NEMOTRON, SETDLM, write_random_checkpoint
-from specframe.training.forward import TrainingForward
-from specframe.training.objectives import IGNORE, AnyOrderObjective, BlockDiffusionObjective, batch_losses
 
 MASK = 7
 

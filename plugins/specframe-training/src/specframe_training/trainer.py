@@ -34,7 +34,7 @@ from specframe.models.export import checkpoint_tensors, write_config, write_tens
 from specframe.models.loading import Checkpoint
 from specframe.models.tokenizer import HubTokenizer
 from specframe.models.transformer import DecoderNetwork, NetworkConfig, SpecialTokens
-from specframe.training.corpus import (
+from specframe_training.corpus import (
     MIN_BPE_ENTRIES,
     corpus_files,
     encode_documents,
@@ -43,9 +43,9 @@ from specframe.training.corpus import (
     spread_windows,
     train_tokenizer,
 )
-from specframe.training.distill import DistillConfig, distillation_batch, greedy_rollouts
-from specframe.training.forward import TrainingForward
-from specframe.training.objectives import (
+from specframe_training.distill import DistillConfig, distillation_batch, greedy_rollouts
+from specframe_training.forward import TrainingForward
+from specframe_training.objectives import (
     AnyOrderObjective,
     Batch,
     BlockDiffusionObjective,
@@ -90,10 +90,10 @@ class TrainConfig:
         eval_windows: Held-out windows per periodic evaluation.
         save_every: Steps between saved training states.
         log_every: Steps between log records.
-        objective: Options of the family's objective (see :mod:`specframe.training.objectives`).
+        objective: Options of the family's objective (see :mod:`specframe_training.objectives`).
         distill_steps: Steps of drafter self-distillation after the main ``steps`` (see
-            :mod:`specframe.training.distill`; Nemotron-Labs-Diffusion only).
-        distill: Options of the distillation stage (:class:`~specframe.training.distill.DistillConfig`).
+            :mod:`specframe_training.distill`; Nemotron-Labs-Diffusion only).
+        distill: Options of the distillation stage (:class:`~specframe_training.distill.DistillConfig`).
     """
 
     family: str

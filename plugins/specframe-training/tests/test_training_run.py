@@ -11,13 +11,13 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from specframe_training import corpus as corpus_module
+from specframe_training import trainer
+from specframe_training.corpus import SourceFile, is_heldout, split_files
 
 from specframe import compose
 from specframe.cli import main
 from specframe.models import load_model
-from specframe.training import corpus as corpus_module
-from specframe.training import trainer
-from specframe.training.corpus import SourceFile, is_heldout, split_files
 
 TINY = {
     "vocab_size": 640,

@@ -21,8 +21,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from specframe.training.forward import TrainingForward
-from specframe.training.objectives import IGNORE, Batch, BlockDiffusionObjective, causal_mask
+from specframe_training.forward import TrainingForward
+from specframe_training.objectives import IGNORE, Batch, BlockDiffusionObjective, causal_mask
 
 
 @dataclass(frozen=True)

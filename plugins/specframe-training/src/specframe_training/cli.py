@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
+from specframe.cli import folder_path
 from specframe.errors import ConfigError
 
 
@@ -48,7 +48,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``specframe train``."""
     from specframe.bench.records import prepare_folder
-    from specframe.training.trainer import TrainConfig, preset, ship, train
+    from specframe_training.trainer import TrainConfig, preset, ship, train
 
     overrides = dict(_setting(item) for item in args.set)
     known = [f.name for f in fields(TrainConfig) if f.name != "family"]
@@ -80,13 +80,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"shipped to {args.ship}", flush=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
     return 0
-
-
-def folder_path(text: str) -> Path:
-    """A folder option's value; an empty one is refused (``Path("")`` would be the current folder)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the path is empty; give a folder path")
-    return Path(text)
 
 
 def _setting(item: str) -> tuple[str, Any]:

@@ -20,7 +20,7 @@ import torch
 from specframe.metrics import Metrics
 from specframe.models import nemotron
 from specframe.models.base import ModelBackend, ModelCall
-from specframe.training.corpus import SourceFile, corpus_files, split_files, spread_windows
+from specframe_training.corpus import SourceFile, corpus_files, split_files, spread_windows
 
 _DEF_LINE = re.compile(r"^[ \t]*(async[ \t]+)?def [^\n]*:(?=[ \t]*\n)", re.MULTILINE)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from specframe_training.distill import DistillConfig, distillation_batch, greedy_rollouts
+from specframe_training.forward import TrainingForward
+from specframe_training.objectives import IGNORE, AnyOrderObjective, BlockDiffusionObjective
 
 from specframe import compose
 from specframe.models import load_model
 from specframe.testing.models import NEMOTRON, write_random_checkpoint
-from specframe.training.distill import DistillConfig, distillation_batch, greedy_rollouts
-from specframe.training.forward import TrainingForward
-from specframe.training.objectives import IGNORE, AnyOrderObjective, BlockDiffusionObjective
 
 
 def test_rollouts_are_exactly_the_decoders_greedy_ar_output(tmp_path):

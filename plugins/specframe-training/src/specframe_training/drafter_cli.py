@@ -1,4 +1,4 @@
-"""``specframe train-drafter``: train the drafter of a converted model (see :mod:`specframe.training.drafter`).
+"""``specframe train-drafter``: train the drafter of a converted model (see :mod:`specframe_training.drafter`).
 
 Examples::
 
@@ -16,9 +16,10 @@ import json
 from dataclasses import fields
 from typing import Any
 
+from specframe.cli import folder_path
 from specframe.errors import ConfigError
 from specframe.models.loading import attach_drafter
-from specframe.training.cli import _setting, folder_path
+from specframe_training.cli import _setting
 
 
 def add_parser(subparsers: Any) -> None:
@@ -45,7 +46,7 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``specframe train-drafter``."""
     from specframe.models.threads import check_threads, machine_cores
-    from specframe.training.drafter import ADAPTER_FOLDER, DrafterConfig, train_drafter
+    from specframe_training.drafter import ADAPTER_FOLDER, DrafterConfig, train_drafter
 
     overrides = dict(_setting(item) for item in args.set)
     known = [f.name for f in fields(DrafterConfig)]

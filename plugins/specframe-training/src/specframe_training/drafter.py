@@ -7,7 +7,7 @@ on drafting rows only, so verification, and so every schedule's output, stays th
 base frozen:
 
 1. **Self-distilled data.** The base model continues a prompt set the project writes
-   (:mod:`specframe.training.prompts`) greedily, in batches with a key/value prefix. Greedy verification
+   (:mod:`specframe_training.prompts`) greedily, in batches with a key/value prefix. Greedy verification
    accepts a draft token exactly when it equals the base model's argmax, so these continuations are what the
    drafter must learn to propose.
 2. **Drafting blocks.** Each step takes windows ``[prompt | continuation]``; the clean rows run once without
@@ -41,7 +41,7 @@ from safetensors.torch import save_file
 from specframe.errors import ConfigError
 from specframe.models.layers import LowRankUpdate
 from specframe.models.transformer import DecoderNetwork
-from specframe.training.forward import TrainingForward
+from specframe_training.forward import TrainingForward
 
 ADAPTER_FOLDER = "adapter"
 #: Settings a resumed run may change (how long it runs and how often it reports).
@@ -439,7 +439,7 @@ def _self_distilled_data(
     if path.is_file():
         return torch.load(path, weights_only=False)
     from specframe.models.chat import read_chat_template, render_chat
-    from specframe.training.prompts import training_prompts
+    from specframe_training.prompts import training_prompts
 
     tokenizer = model.tokenizer
     if tokenizer is None:

@@ -7,14 +7,14 @@ import shutil
 
 import pytest
 import torch
+from specframe_training.drafter import DrafterConfig, batched_greedy, block_batch, train_drafter
+from specframe_training.forward import TrainingForward
 
 from decoding_helpers import eos_ids
 from specframe import compose
 from specframe.errors import CheckpointError, ConfigError
 from specframe.models import load_model
 from specframe.models.loading import attach_drafter
-from specframe.training.drafter import DrafterConfig, batched_greedy, block_batch, train_drafter
-from specframe.training.forward import TrainingForward
 
 TEXTS = ("Hi", "What is gravity?", "Write a short paragraph about the ocean and the moon, please.")
 
