@@ -20,7 +20,7 @@ from specframe.models.cpu import (
     Transposed,
     onednn_available,
 )
-from specframe.models.forward import Linear
+from specframe.models.forward import Linear, Padded
 
 ROWS = 9
 OUTPUT = [0, 4, 8, 2]
@@ -167,6 +167,12 @@ def _request(model, seed: int, cached: int, rows: int, adapter: bool, select: bo
     return cache, ModelCall(ids[cached:], positions[cached:], attention, output_rows, adapter_rows)
 
 
+def _segment(cached: int, rows: int):
+    """The shape of a request's attention segment (its buffers do not matter to the layout's choice)."""
+    empty = torch.empty(0)
+    return empty, empty, torch.zeros(rows, cached + rows), slice(cached, cached + rows)
+
+
 def _copy(cache):
     twin = type(cache).__new__(type(cache))
     twin.__dict__.update(cache.__dict__)
@@ -174,20 +180,28 @@ def _copy(cache):
     return twin
 
 
+#: (cached rows, new rows, adapter, selected outputs) per request: ragged (an attention kernel per request)
+#: and alike (requests of 1, 2 and 3 rows padded into one kernel each, see ``forward.Padded``).
+SHAPES = {
+    "ragged": [(7, 1, False, False), (0, 5, True, True), (12, 9, True, False), (3, 2, False, True)]
+    + [(20, 34, False, True)],
+    "alike": [(10, 1, False, False), (12, 2, True, True), (9, 3, True, False), (11, 2, False, True)]
+    + [(13, 1, False, True)],
+}
+
+
+@pytest.mark.parametrize("layout", SHAPES)
 @pytest.mark.parametrize("family", ["nemotron", "setdlm"])
-def test_forward_many_equals_separate_forwards_in_float64(family, nemotron_dir, setdlm_dir):
+def test_forward_many_equals_separate_forwards_in_float64(family, layout, nemotron_dir, setdlm_dir):
     """Equal to float64 rounding: BLAS products of 5 rows and of 50 round differently in the last bits (row
     tiles), exactly as a forward of 5 rows and one of 50 already did; no greedy choice depends on it."""
     model = load_model(
         nemotron_dir if family == "nemotron" else setdlm_dir, dtype="float64", adapter=family == "nemotron"
     )
-    shapes = [
-        (7, 1, False, False),
-        (0, 5, True, True),
-        (12, 9, True, False),
-        (3, 2, False, True),
-        (20, 34, False, True),
-    ]
+    shapes = SHAPES[layout]
+    padded = Padded.of(model.inference.weights, [_segment(c, n) for c, n, *_ in shapes])
+    kernels = len(padded.groups)  # both a padded group of several requests and single ones are compared here
+    assert kernels == (5 if layout == "ragged" else 3)
     batch = [_request(model, seed, *shape) for seed, shape in enumerate(shapes)]
     alone = [_copy(cache) for cache, _ in batch]
     expected = [model.forward(cache, call) for cache, (_, call) in zip(alone, batch, strict=True)]

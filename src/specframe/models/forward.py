@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from specframe.models.base import ModelCall
 from specframe.models.cache import KVCache
@@ -197,7 +198,8 @@ def step(
     """Final normalised hidden states of a step's ``output_rows`` (all rows when ``None``).
 
     The rows are the segments' rows in order; each segment's rows write their keys and values into their
-    cache and attend over it under their own mask. Everything else runs once over all rows.
+    cache and attend over it under their own mask (several eager segments through :class:`Padded`).
+    Everything else runs once over all rows.
 
     Args:
         w: The model's weights.
@@ -210,8 +212,10 @@ def step(
     cos, sin, scale = w.tables.lookup(position_ids)
     cos, sin = cos[:, None], sin[:, None]
     x = F.embedding(input_ids, w.embed)
+    padded = Padded.of(w, segments)
     for index, layer in enumerate(w.layers):
-        x = x + _attention(w, layer, index, _norm(w, x, layer.input_norm), cos, sin, scale, segments, adapter_rows)
+        attention_input = _norm(w, x, layer.input_norm)
+        x = x + _attention(w, layer, index, attention_input, cos, sin, scale, segments, adapter_rows, padded)
         gate_up = layer.gate_up(_norm(w, x, layer.post_norm))
         inner = gate_up.shape[1] // 2
         x = x + layer.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
@@ -237,6 +241,7 @@ def _attention(
     scale: torch.Tensor | None,
     segments: Sequence[Segment],
     adapter_rows: torch.Tensor | None,
+    padded: Padded | None = None,
 ) -> torch.Tensor:
     h, kv, d = w.heads, w.kv_heads, w.head_dim
     rows, half = x.shape[0], d // 2
@@ -248,15 +253,10 @@ def _attention(
     q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
     if scale is not None:
         q = q * scale[:, None, None]
-    if len(segments) == 1:
+    if padded is None:  # one request (eager or in a graph)
         out = _attend(w, index, q, k, v, *segments[0])
     else:
-        outs, start = [], 0
-        for keys, values, mask, slots in segments:
-            end = start + (slots.stop - slots.start if isinstance(slots, slice) else slots.shape[0])
-            outs.append(_attend(w, index, q[start:end], k[start:end], v[start:end], keys, values, mask, slots))
-            start = end
-        out = torch.cat(outs)
+        out = padded.attend(w, index, q, k, v, segments)
     projected = layer.o(out)
     if layer.lora is not None and adapter_rows is not None:
         a, b, lora_scale = layer.lora
@@ -306,6 +306,92 @@ def _attend(
     weights = torch.softmax((scores + mask).to(torch.float32 if w.wide else w.dtype), dim=-1).to(w.dtype)
     out = torch.bmm(weights, cached_v)
     return _copy(out.view(kv, group, rows, d).permute(2, 0, 1, 3)).view(rows, kv * group * d)
+
+
+class Padded:
+    """Several requests' eager attention in a few kernels: requests of alike shapes padded to a common one.
+
+    Requests are grouped by their new rows (1, 2, 3-4, 5-8, ...); a group whose padding would more than double
+    its attention work (cache spans far apart, such as a long prompt's among short ones) is split into single
+    requests. Each request's new keys and values are still written into its own cache; a group's cache spans
+    are then padded into one ``[requests, span, kv, dim]`` block and its rows attend at once under a
+    ``[requests, 1, rows, span]`` mask that hides the padding. A padding row sees one key, so that no softmax
+    is empty; its output is dropped.
+
+    Args:
+        segments: The step's eager segments (cache slices), their rows consecutive.
+        dtype: The activations' dtype.
+    """
+
+    def __init__(self, segments: Sequence[Segment], dtype: torch.dtype) -> None:
+        rows = [slots.stop - slots.start for *_, slots in segments]
+        spans = [mask.shape[1] for _, _, mask, _ in segments]
+        starts = [sum(rows[:i]) for i in range(len(rows))]
+        buckets: dict[int, list[int]] = {}
+        for index, n in enumerate(rows):
+            buckets.setdefault((n - 1).bit_length(), []).append(index)
+        self.groups: list[tuple[list[int], torch.Tensor, torch.Tensor]] = []  # (requests, gather, mask)
+        place = [0] * sum(rows)  # each row's place in the groups' padded outputs, concatenated
+        done = 0
+        for members in buckets.values():
+            most, widest = max(rows[i] for i in members), max(spans[i] for i in members)
+            if len(members) * most * widest > 2 * sum(rows[i] * spans[i] for i in members):
+                groups = [[i] for i in members]
+            else:
+                groups = [members]
+            for group in groups:
+                most, widest = max(rows[i] for i in group), max(spans[i] for i in group)
+                device = segments[group[0]][2].device
+                mask = torch.full((len(group), 1, most, widest), float("-inf"), dtype=dtype, device=device)
+                gather = []
+                for slot, i in enumerate(group):
+                    mask[slot, 0, : rows[i], : spans[i]] = segments[i][2]
+                    mask[slot, 0, rows[i] :, 0] = 0.0
+                    gather += [*range(starts[i], starts[i] + rows[i]), *[starts[i]] * (most - rows[i])]
+                    for r in range(rows[i]):
+                        place[starts[i] + r] = done + slot * most + r
+                done += len(group) * most
+                self.groups.append((group, torch.tensor(gather, device=device), mask))
+        self.spans = spans
+        self.scatter = torch.tensor(place, device=segments[0][2].device)
+
+    @classmethod
+    def of(cls, w: Weights, segments: Sequence[Segment]) -> Padded | None:
+        """The grouped layout of eager ``segments``; ``None`` for one request or in graphs."""
+        if len(segments) < 2 or not all(isinstance(slots, slice) for *_, slots in segments):
+            return None
+        return cls(segments, w.dtype)
+
+    def attend(
+        self,
+        w: Weights,
+        index: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        segments: Sequence[Segment],
+    ) -> torch.Tensor:
+        """Layer ``index``'s attention output of all rows, in the rows' order (``[rows, heads * dim]``)."""
+        start = 0
+        for keys, values, _, slots in segments:
+            end = start + slots.stop - slots.start
+            keys[index, slots] = k[start:end]
+            values[index, slots] = v[start:end]
+            start = end
+        outs = []
+        for group, gather, mask in self.groups:
+            cached = [(segments[i][0][index, : self.spans[i]], segments[i][1][index, : self.spans[i]]) for i in group]
+            count, most = mask.shape[0], mask.shape[2]
+            queries = q.index_select(0, gather).view(count, most, w.heads, w.head_dim).transpose(1, 2)
+            out = F.scaled_dot_product_attention(
+                queries,
+                pad_sequence([key for key, _ in cached], batch_first=True).transpose(1, 2),
+                pad_sequence([value for _, value in cached], batch_first=True).transpose(1, 2),
+                attn_mask=mask,
+                enable_gqa=w.heads > w.kv_heads,
+            )
+            outs.append(out.transpose(1, 2).reshape(count * most, w.heads * w.head_dim))
+        return torch.cat(outs).index_select(0, self.scatter)
 
 
 def _copy(x: torch.Tensor) -> torch.Tensor:

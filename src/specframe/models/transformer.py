@@ -256,9 +256,10 @@ class DecoderBackend(ModelBackend):
         """Evaluate several requests' calls in one pass (see :meth:`ModelBackend.forward_many`).
 
         The embedding, every projection, the MLP and the output layer run once over all calls' rows
-        concatenated; attention runs per request over its own cache. In float64 each item's logits equal
-        :meth:`forward` of that item alone; in lower precision, kernels chosen by the total row count may
-        round differently. On the compiled path the batch runs eagerly.
+        concatenated; attention runs over each request's own cache, alike requests padded into one kernel
+        (:class:`~specframe.models.forward.Padded`). Each item's logits equal :meth:`forward` of that item alone
+        up to rounding (1e-12 in float64: kernels chosen by the total row count round differently). On the
+        compiled path the batch runs eagerly.
 
         Raises:
             InputError: As :meth:`forward`, naming the item; or if a cache appears twice.
