@@ -670,6 +670,27 @@ def test_a_shared_forward_moves_the_load_and_costs_rows_at_the_margin():
         assert policy.choose(100) == AR  # each row now costs delta, and AR calls add a token per row
 
 
+def test_in_a_batch_where_no_draft_can_pay_the_policy_makes_no_probe_but_alone_it_does():
+    """Alone, AR calls are interrupted by probes of drafting (to notice drafts starting to hold); sharing a
+    forward where each row costs delta, a draft of W tokens costs 2(W + 1) rows: no probe can pay."""
+    candidates = [AR, *(Candidate("packed", w, "packed") for w in (2, 4, 8))]
+
+    def drive(batch_rows):
+        policy = auto_module.WidthPolicy(candidates, _rows, size=9, free_bonus=True)
+        policy.bind(CostModel(0.0001, 0.001, source="given"), deterministic=False)
+        policy.start_request()
+        labels = []
+        for _ in range(300):
+            candidate = policy.choose(100)
+            labels.append(candidate.label)
+            policy.observe_call(_rows(candidate, candidate.width), 0.01, 100, batch_rows)
+            policy.observe_verification([("prefix", d) for d in range(2, candidate.width + 1)], 0, 1)
+        return labels
+
+    assert any(label != "ar" for label in drive(None)[40:])  # alone: probes
+    assert all(label == "ar" for label in drive(200)[40:])  # in a batch of 200 rows: none
+
+
 # -- the cost model --------------------------------------------------------------------------------------
 
 

@@ -171,10 +171,27 @@ class WidthPolicy:
         self._ar_streak += 1
         if self._ar_streak < self._probe_after or not self.drafting:
             return chosen
+        if self.batch_rows and not self._drafting_can_pay(context):
+            # In this batch no draft pays even if all of it is accepted: as a failed probe, look again later.
+            self._ar_streak, self._probe_after = 0, min(2 * self._probe_after, PROBE_AFTER_MAX)
+            return chosen
         self._ar_streak, self._judge_probe = 0, True
         # Probe conservatively: the narrowest drafting candidate of the best-rated schedule.
         top = max(self.drafting, key=lambda c: self.rates.get(c.label, 0.0))
         return self._start_probe(min((c for c in self.drafting if c.kind == top.kind), key=lambda c: c.width))
+
+    def _drafting_can_pay(self, context: int) -> bool:
+        """Whether some drafting candidate, every draft token accepted, would beat plain AR calls in this batch.
+
+        Sharing a forward with other requests, a request's extra rows cost what they add to the whole batch's
+        call; where that is more per token than an AR call's row even at full acceptance, a probe of drafting
+        can only lose.
+        """
+        cost, batch = self.cost, self.batch_rows
+        ar_rate = 1.0 / cost.seconds(self.rows(AR, 0), context, batch)
+        return any(
+            (c.width + 1) / cost.seconds(self.rows(c, c.width), context, batch) > ar_rate for c in self.drafting
+        )
 
     def _start_probe(self, candidate: Candidate) -> Candidate:
         self._probe, self._probe_left = candidate, PROBE_CALLS - 1

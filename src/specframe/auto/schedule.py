@@ -78,6 +78,9 @@ class AutoSchedule(Schedule):
         self._rows_of_plan: Callable[[CallPlan], int] | None = None
         self._planners: dict[Candidate, Schedule] = {}
         self._rows: dict[tuple[Candidate, int, int], int] = {}
+        #: The policy of each decoder width (``width + 1``), shared with a batch's copies (their learning).
+        self._policies: dict[int, WidthPolicy] = {}
+        self._copied = False
         self._offsets: dict[int, tuple[str, int]] = {}
         self._ctx = None
 
@@ -95,6 +98,8 @@ class AutoSchedule(Schedule):
         self._rows_of_plan, self.deterministic = rows, deterministic
         self.policy = None
         self._rows.clear()
+        self._policies.clear()
+        self._planners.clear()
 
     @property
     def cost(self) -> CostModel | None:
@@ -119,7 +124,7 @@ class AutoSchedule(Schedule):
                     planners[Candidate(schedule.rate_model, width, schedule.name)] = schedule
         if not planners:
             raise ValueError(f"no width of {[s.name for s in self.schedules]} fits a decoder width of {maximum}")
-        self._planners = planners
+        self._planners.update(planners)  # shared with a batch's copies: a candidate always has one planner
         return list(planners)
 
     def describe(self) -> dict[str, object]:
@@ -144,7 +149,7 @@ class AutoSchedule(Schedule):
             _ = self.cost  # got once here, not once per request
         copied = type(self).__new__(type(self))
         copied.__dict__.update(self.__dict__)
-        copied._offsets = {}
+        copied._offsets, copied._copied = {}, True
         if self.policy is not None:
             copied.policy = copy.copy(self.policy)
         return copied
@@ -198,10 +203,13 @@ class AutoSchedule(Schedule):
         if self._rows_of_plan is None:
             raise RuntimeError("AutoSchedule needs bind(cost, rows) before use; compose() does this")
         if self.policy is None or self.policy.size != ctx.width + 1:
-            free_bonus = ctx.traits.free_bonus
-            self.policy = WidthPolicy(self.candidates(ctx.width), self._row_count, size=ctx.width + 1,
-                                      free_bonus=free_bonus, k=self.k)  # fmt: skip
-            self.policy.bind(self.cost, deterministic=self.deterministic)
+            shared = self._policies.get(ctx.width + 1)
+            if shared is None:
+                shared = WidthPolicy(self.candidates(ctx.width), self._row_count, size=ctx.width + 1,
+                                     free_bonus=ctx.traits.free_bonus, k=self.k)  # fmt: skip
+                shared.bind(self.cost, deterministic=self.deterministic)
+                self._policies[ctx.width + 1] = shared
+            self.policy = copy.copy(shared) if self._copied else shared
         self._ctx = replace(ctx, eos_token_ids=frozenset(), stop_sequences=(), stop_texts=())
         self._offsets = {}
         self.policy.start_request()
