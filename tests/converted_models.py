@@ -8,6 +8,7 @@ a ChatML chat template, like the small instruct models specframe pulls.
 from __future__ import annotations
 
 import json
+from importlib.resources import files
 from pathlib import Path
 
 import torch
@@ -20,18 +21,8 @@ CHATML = (
     "'\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 VOCAB = 300
-# What the tokenizer's merges are learned from: short chat requests (like the prompts drafters are trained on).
-TEMPLATES = (
-    "What is {topic}?",
-    "Explain {topic} in simple terms.",
-    "Give me three facts about {topic}.",
-    "Write a short paragraph about {topic}.",
-    "Why is {topic} important?",
-    "Compare {topic} with {other}.",
-    "What is the difference between {topic} and {other}?",
-    "Write a short story that involves {topic}.",
-)
-TOPICS = ("photosynthesis", "the moon", "volcanoes", "gravity", "the internet", "bees", "the ocean", "chess")
+# What the tokenizer's merges are learned from: the short chat requests (and answers) of bench's chat task.
+CHAT_TASK = files("specframe.bench").joinpath("data", "chat.jsonl")
 SIZES = {
     "hidden_size": 64,
     "num_hidden_layers": 2,
@@ -54,7 +45,8 @@ def _tokenizer_json() -> dict:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    text = [t.format(topic=a, other=b) for t in TEMPLATES for a, b in zip(TOPICS, TOPICS[1:], strict=False)]
+    rows = [json.loads(line) for line in CHAT_TASK.read_text(encoding="utf-8").splitlines() if line.strip()]
+    text = [row["prompt"] for row in rows] + [str(row.get("answer", "")) for row in rows]
     text += ["def f(x):\n    return x + 1\n", "The capital of France is Paris."]
     tokenizer.train_from_iterator(text, trainer=trainer)
     return json.loads(tokenizer.to_str())
