@@ -52,4 +52,4 @@ class InputError(SpecframeError, ValueError):
 
 
 class OutputError(SpecframeError):
-    """An output folder or file (``specframe bench --out``, ``specframe train --out``) cannot be written."""
+    """An output folder or file (``specframe bench --out``, ``specframe convert --out``) cannot be written."""
