@@ -23,9 +23,8 @@ from decoding_helpers import (
     generate,
     tiny_model,
 )
-from specframe import compose
+from specframe import batching, compose
 from specframe.acceptance.base import Verdict
-from specframe.batching import forward_calls
 from specframe.errors import ConfigError
 from specframe.ledger import Guess, outcome_pairs
 from specframe.schedules.base import Schedule
@@ -332,9 +331,8 @@ def test_any_arrival_and_finish_pattern_gives_each_request_its_own_output(
             del waiting[:arrivals]
             stepping = [s for s in active if data.draw(st.booleans(), label="steps")] or active[:1]
             calls = [(s, s.prepare()) for s in stepping]
-            outputs = forward_calls(decoder.model, [(s.cache, call) for s, call in calls])
-            rows = sum(call.num_rows for _, call in calls)
+            outputs, seconds, rows = batching.forward(decoder.model, calls, decoder.sync)
             for (stepper, _), logits in zip(calls, outputs, strict=True):
-                stepper.finish(logits, 0.0, rows)
+                stepper.finish(logits, seconds, rows)
             active = [s for s in active if not s.done]
     assert [s.result().output_ids for s in steppers] == alone

@@ -38,16 +38,27 @@ class Stepper(Protocol):
         """Apply the logits of the prepared call."""
 
 
-def forward_calls(model: ModelBackend, batch: Sequence[tuple[KVCache, PhysicalCall]]) -> list[torch.Tensor]:
-    """Logits of each ``(cache, call)`` item: the decoder's one way of calling a model.
+def forward(
+    model: ModelBackend, calls: Sequence[tuple[Stepper, PhysicalCall]], sync: Callable[[], None]
+) -> tuple[list[torch.Tensor], float, int | None]:
+    """One forward over prepared calls: the decoder's one way of calling a model.
 
-    One item runs the model's plain forward; several run its ``forward_many`` (one pass where the backend
+    One call runs the model's plain ``forward``; several run its ``forward_many`` (one pass where the backend
     batches, one forward per item otherwise).
+
+    Returns:
+        The logits of each call, the forward's wall seconds, and its total rows (``None`` for a call alone),
+        as each stepper's ``finish`` takes them.
     """
-    if len(batch) == 1:
-        cache, call = batch[0]
-        return [model.forward(cache, call)]
-    return model.forward_many(batch)
+    started = time.perf_counter()
+    if len(calls) == 1:
+        stepper, call = calls[0]
+        outputs = [model.forward(stepper.cache, call)]
+    else:
+        outputs = model.forward_many([(stepper.cache, call) for stepper, call in calls])
+    sync()
+    rows = sum(call.num_rows for _, call in calls) if len(calls) > 1 else None
+    return outputs, time.perf_counter() - started, rows
 
 
 def run(
@@ -55,7 +66,8 @@ def run(
 ) -> Iterator[tuple[int, Stepper]]:
     """Decode ``steppers`` with up to ``max_batch`` in flight, admitting them in order.
 
-    Yields ``(index, stepper)`` after each of a request's calls (``stepper.done`` after its last).
+    Yields ``(index, stepper)`` after each of a request's calls (``stepper.done`` after its last). One
+    stepper with ``max_batch=1`` is plain one-request decoding.
 
     Args:
         model: The model every request runs on.
@@ -68,11 +80,7 @@ def run(
         while waiting and len(active) < max_batch:
             active.append(waiting.popleft())
         calls = [(index, steppers[index].prepare()) for index in active]
-        started = time.perf_counter()
-        outputs = forward_calls(model, [(steppers[index].cache, call) for index, call in calls])
-        sync()
-        seconds = time.perf_counter() - started
-        rows = sum(call.num_rows for _, call in calls)
+        outputs, seconds, rows = forward(model, [(steppers[index], call) for index, call in calls], sync)
         for (index, _), logits in zip(calls, outputs, strict=True):
             steppers[index].finish(logits, seconds, rows)
             yield index, steppers[index]

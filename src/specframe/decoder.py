@@ -27,7 +27,6 @@ import torch
 
 from specframe import batching
 from specframe.acceptance.base import AcceptanceRule
-from specframe.batching import forward_calls
 from specframe.blame import contract_error, entry_of, plugin_failure, remember
 from specframe.errors import ConfigError, InputError, SpecframeError
 from specframe.exactness import is_exact
@@ -186,7 +185,7 @@ class Decoder:
                 output that does not fit the model's context.
         """
         stepper = self.stepper(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
-        for _ in self._alone(stepper):
+        for _ in batching.run(self.model, [stepper], 1, self.sync):
             pass
         return stepper.result()
 
@@ -212,15 +211,7 @@ class Decoder:
             InputError: As :meth:`generate` (raised at once, before the first piece).
         """
         stepper = self.stepper(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
-        return self._stream(stepper)
-
-    def _stream(self, stepper: Stepper) -> Iterator[StreamPiece]:
-        pieces = Pieces(stepper)
-        for _ in self._alone(stepper):
-            piece = pieces.next()
-            if piece is not None:
-                yield piece
-        yield pieces.last()
+        return (piece for _, piece in self._stream_many(batching.run(self.model, [stepper], 1, self.sync)))
 
     def generate_many(
         self,
@@ -312,16 +303,6 @@ class Decoder:
         """
         state = self._request(prompt, prompt_ids, max_new_tokens, seed, width)
         return Stepper(self, state, self.schedule if schedule is None else schedule)
-
-    def _alone(self, stepper: Stepper) -> Iterator[None]:
-        """Drive ``stepper`` one call at a time, each its own forward; yields after each call."""
-        model, sync = self.model, self.sync
-        while (call := stepper.prepare()) is not None:
-            started = time.perf_counter()
-            logits = forward_calls(model, [(stepper.cache, call)])[0]
-            sync()
-            stepper.finish(logits, time.perf_counter() - started)
-            yield
 
     def _batched(
         self,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from specframe.batching import forward_calls
+from specframe import batching
 from specframe.decoder import Decoder, Generation, Pieces, Stepper
 from specframe.errors import SpecframeError
 from specframe.plan import PhysicalCall
@@ -150,19 +150,16 @@ class StepperBatch:
                 continue
             groups.setdefault(id(stepper.decoder.model), []).append((key, stepper, call))
         for items in groups.values():
-            model = items[0][1].decoder.model
-            started = time.perf_counter()
+            decoder = items[0][1].decoder
             try:
-                outputs = forward_calls(model, [(stepper.cache, call) for _, stepper, call in items])
-                items[0][1].decoder.sync()
+                calls = [(stepper, call) for _, stepper, call in items]
+                outputs, seconds, rows = batching.forward(decoder.model, calls, decoder.sync)
             except Exception as exc:  # the shared forward failed: every request in it fails
                 out.extend(self._failed(key, exc) for key, _, _ in items)
                 continue
-            seconds = time.perf_counter() - started
-            rows = sum(call.num_rows for _, _, call in items)
             for (key, stepper, _), logits in zip(items, outputs, strict=True):
                 try:
-                    stepper.finish(logits, seconds, rows if len(items) > 1 else None)
+                    stepper.finish(logits, seconds, rows)
                 except Exception as exc:
                     out.append(self._failed(key, exc))
                     continue
