@@ -17,6 +17,7 @@ requests' calls into one forward, see :mod:`specframe.batching`) drive the same 
 from __future__ import annotations
 
 import copy
+import functools
 import operator
 import time
 from collections.abc import Iterator, Sequence
@@ -275,7 +276,9 @@ class Decoder:
     def _stream_many(steps: Iterator[tuple[int, Stepper]]) -> Iterator[tuple[int, StreamPiece]]:
         pieces: dict[int, Pieces] = {}
         for index, stepper in steps:
-            stream = pieces.setdefault(index, Pieces(stepper))
+            stream = pieces.get(index)
+            if stream is None:  # a request's first call
+                stream = pieces[index] = Pieces(stepper)
             piece = stream.next()
             if piece is not None:
                 yield index, piece
@@ -319,8 +322,8 @@ class Decoder:
             raise InputError(f"prompts must be a list of prompt texts or token-id lists, got {type(prompts).__name__}")
         count = len(prompts)
         limits = _per_request(max_new_tokens, count, "max_new_tokens")
-        seeds = _per_request(None, count, "seeds") if seeds is None else _per_request(seeds, count, "seeds")
-        widths = _per_request(None, count, "widths") if widths is None else _per_request(widths, count, "widths")
+        seeds = _per_request(seeds, count, "seeds")
+        widths = _per_request(widths, count, "widths")
         states = []
         for index, prompt in enumerate(prompts):
             text, ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
@@ -370,6 +373,11 @@ class Decoder:
             "seed": self.seed,
             "exact": self.exact,
         }
+
+    @functools.cached_property
+    def stop_strings(self) -> list[str]:
+        """The stop sequences as text, then the stop texts (what a stream holds back until it is sure)."""
+        return [self.model.decode(s) for s in self.stop_sequences] + list(self.stop_texts)
 
     def sync(self) -> None:
         """Wait for the model's device to finish queued work (so that a forward's time is its own)."""
@@ -554,8 +562,7 @@ class Pieces:
 
     def __init__(self, stepper: Stepper) -> None:
         decoder = stepper.decoder
-        stops = [decoder.model.decode(s) for s in decoder.stop_sequences] + list(decoder.stop_texts)
-        self.stepper, self.text, self.sent = stepper, IncrementalText(decoder.model.decode, stops), 0
+        self.stepper, self.text, self.sent = stepper, IncrementalText(decoder.model.decode, decoder.stop_strings), 0
 
     def next(self) -> StreamPiece | None:
         """The piece the last call added (``None`` when it added no output token)."""

@@ -12,7 +12,7 @@ import pytest
 
 from specframe.bench import BenchSettings, merge_runs, run_bench
 from specframe.bench.cli import concurrency_list, equivalent_command
-from specframe.bench.closed_loop import run_closed_loop, stream_many_of
+from specframe.bench.closed_loop import run_closed_loop
 from specframe.bench.plots import plot_comparisons, throughput_lines
 from specframe.bench.records import read_records, record_key, record_method
 from specframe.bench.report import format_report
@@ -195,7 +195,7 @@ def test_stream_many_decodes_what_generate_decodes_with_each_requests_seed(tiny_
     config = {"model": tiny_nemotron, "schedule": "packed", "width": 2, "max_new_tokens": 5, "acceptance": SAMPLING}
     decoder = compose(config)
     ids = [[5, 6, 7], [5, 6, 7], [8, 9]]
-    pieces = list(stream_many_of(decoder)(ids, seeds=[0, 1, 2], max_batch=2))
+    pieces = list(decoder.stream_many(ids, seeds=[0, 1, 2], max_batch=2))
     done = {index: piece.generation.output_ids for index, piece in pieces if piece.done}
     alone = {i: decoder.generate(prompt_ids=p, seed=i).output_ids for i, p in enumerate(ids)}
     assert done == alone and alone[0] != alone[1]  # the seeds matter, and each request got its own
@@ -438,21 +438,18 @@ def test_bench_at_concurrency_one_and_two_gives_the_same_outputs(tmp_path, tiny_
 def test_a_batched_output_that_changed_shows_with_the_flag(tmp_path, tiny_setdlm, monkeypatch):
     import dataclasses
 
-    from specframe.bench import runner
+    from specframe.decoder import Decoder
 
-    def corrupting(decoder):
-        real = stream_many_of(decoder)
+    real = Decoder.stream_many
 
-        def stream_many(prompts, **options):
-            for index, piece in real(prompts, **options):
-                if index == 1 and piece.done:  # request 1's last token comes out different
-                    ids = [*piece.generation.output_ids[:-1], piece.generation.output_ids[-1] + 1]
-                    piece = dataclasses.replace(piece, generation=dataclasses.replace(piece.generation, output_ids=ids))
-                yield index, piece
+    def corrupting(self, prompts, **options):
+        for index, piece in real(self, prompts, **options):
+            if options.get("max_batch", 1) > 1 and index == 1 and piece.done:  # request 1's last token differs
+                ids = [*piece.generation.output_ids[:-1], piece.generation.output_ids[-1] + 1]
+                piece = dataclasses.replace(piece, generation=dataclasses.replace(piece.generation, output_ids=ids))
+            yield index, piece
 
-        return stream_many
-
-    monkeypatch.setattr(runner, "stream_many_of", corrupting)
+    monkeypatch.setattr(Decoder, "stream_many", corrupting)
     summary, report = run(tmp_path, tiny_setdlm, schedules=["ar", "packed"], warmup=0)
     packed2 = next(m for m in summary["methods"] if m["method"] == "packed/w2@c2")
     assert packed2["same_as_unbatched"]["same"] == 2 and packed2["same_as_unbatched"]["of"] == 3

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from specframe.decoder import Decoder, Generation, StreamPiece
+from specframe.decoder import Generation, StreamPiece
 from specframe.errors import SpecframeError
 
 #: ``stream_many(prompts, *, seeds, max_batch) -> Iterator[(index, piece)]`` (contract item 7).
@@ -93,7 +93,7 @@ def run_closed_loop(
     """Decode ``prompts`` with ``concurrency`` requests in flight and time each as its user would see it.
 
     Args:
-        stream_many: The decoder's ``stream_many`` (or :func:`stream_one`).
+        stream_many: The decoder's ``stream_many``.
         prompts: The requests' prompts.
         seeds: One seed per prompt.
         concurrency: Requests in flight at once (``max_batch``).
@@ -135,21 +135,3 @@ def run_closed_loop(
             "the decoder, please report it"
         )
     return LoopResult(generations, timings, wall, concurrency)  # type: ignore[arg-type]
-
-
-def stream_one(decoder: Decoder) -> StreamMany:
-    """``stream_many`` over ``decoder.stream``, one request after another (bench at concurrency 1, as always)."""
-
-    def stream_many(
-        prompts: Sequence[str], *, seeds: Sequence[int | None], max_batch: int = 1
-    ) -> Iterator[tuple[int, StreamPiece]]:
-        for index, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True)):
-            for piece in decoder.stream(prompt, seed=seed):
-                yield index, piece
-
-    return stream_many
-
-
-def stream_many_of(decoder: Decoder) -> StreamMany:
-    """The decoder's batched ``stream_many`` (continuous batching, one forward per step)."""
-    return decoder.stream_many

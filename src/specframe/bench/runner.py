@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specframe.bench.closed_loop import LoopResult, RequestTiming, run_closed_loop, stream_many_of, stream_one
+from specframe.bench.closed_loop import LoopResult, RequestTiming, run_closed_loop
 from specframe.bench.output import machine_description, write_report
 from specframe.bench.records import (
     RECORDS_FILE,
@@ -390,11 +390,10 @@ def _generate_one(decoder: Decoder, example: Example, method: Method, settings: 
 def _run_loop(
     decoder: Decoder, examples: list[Example], seeds: list[int], method: Method, settings: BenchSettings
 ) -> LoopResult:
-    """Decode ``examples`` as one closed-loop run at ``method.concurrency`` (1: ``decoder.stream``, one by one)."""
+    """Decode ``examples`` as one closed-loop run at ``method.concurrency`` (1: one request after another)."""
     prompts = [settings.prompt_text(ex.prompt, decoder.model.tokenizer) for ex in examples]
-    stream_many = stream_one(decoder) if method.concurrency == 1 else stream_many_of(decoder)
     try:
-        return run_closed_loop(stream_many, prompts, seeds, method.concurrency)
+        return run_closed_loop(decoder.stream_many, prompts, seeds, method.concurrency)
     except InputError as exc:
         which = f"prompt {examples[0].index} ({examples[0].id})" if len(examples) == 1 else "a prompt"
         raise SpecframeError(f"{which} with {method.label}: {exc}") from exc

@@ -383,10 +383,15 @@ class Padded:
             cached = [(segments[i][0][index, : self.spans[i]], segments[i][1][index, : self.spans[i]]) for i in group]
             count, most = mask.shape[0], mask.shape[2]
             queries = q.index_select(0, gather).view(count, most, w.heads, w.head_dim).transpose(1, 2)
+            if len(cached) == 1:  # a request alone: its cache span as it is, no padded copy
+                keys, values = cached[0][0][None], cached[0][1][None]
+            else:
+                keys = pad_sequence([key for key, _ in cached], batch_first=True)
+                values = pad_sequence([value for _, value in cached], batch_first=True)
             out = F.scaled_dot_product_attention(
                 queries,
-                pad_sequence([key for key, _ in cached], batch_first=True).transpose(1, 2),
-                pad_sequence([value for _, value in cached], batch_first=True).transpose(1, 2),
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
                 attn_mask=mask,
                 enable_gqa=w.heads > w.kv_heads,
             )
