@@ -82,3 +82,45 @@ def test_a_request_the_decoder_refuses_fails_alone(served_model):
     results = _run(engine, [*_jobs(served_model, PROMPTS[:2]), too_long])
     assert [event.kind for event in results] == ["done", "done", "error"]
     assert results[2].error.status == 400 and "context" in results[2].error.message
+
+
+def test_the_output_room_the_server_grants_is_exactly_what_the_decoder_accepts(served_model):
+    """A chat request without max_tokens gets the room its prompt leaves: not one token more than
+    ``fits_context`` allows (it would be refused only after queueing) and not one less."""
+    from specframe.decoder import fits_context
+    from specframe.serve.protocol import Limits, check_length
+
+    context = served_model.max_positions + 1
+    for prompt in (context - 1, context - 5):
+        job = Job("chat", [1] * prompt, GREEDY, 10_000, None)
+        check_length(job, context, Limits(max_prompt_tokens=context, max_tokens=10_000), False, "max_tokens")
+        assert fits_context(prompt, job.max_tokens, served_model)
+        assert not fits_context(prompt, job.max_tokens + 1, served_model)
+
+
+def test_a_request_cancelled_while_it_is_admitted_is_retired_before_it_decodes(served_model):
+    """The client goes away while the engine composes its decoder (it is then neither waiting nor active)."""
+    from serve_helpers import wait_for
+
+    factory, submissions = decoder_factory(served_model, threads=1, max_tokens=64), []
+
+    def composing(options):
+        submissions[0].cancel()  # the disconnect arrives mid-admission
+        return factory(options)
+
+    engine = Engine(composing, max_active=4)
+    engine.start()
+    try:
+
+        async def submit():
+            submissions.append(engine.submit(_jobs(served_model, ["def fib(n):"], max_tokens=60)[0], loop))
+
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(submit())
+        wait_for(lambda: engine.metrics.value("specframe_requests_finished_total", finish_reason="cancelled") == 1,
+                 "the cancelled request to be retired")  # fmt: skip
+        assert engine.active_count == 0 and len(engine.batch) == 0
+        assert engine.metrics.value("specframe_generation_tokens_total") == 0
+    finally:
+        engine.close()
+        loop.close()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from specframe import batching
-from specframe.decoder import Decoder, Generation, Pieces, Stepper
+from specframe.decoder import Decoder, Generation, Stepper
 from specframe.errors import SpecframeError
 from specframe.plan import PhysicalCall
 from specframe.serve.metrics import ServerMetrics
@@ -124,12 +124,12 @@ class StepperBatch:
     """
 
     def __init__(self) -> None:
-        self._requests: dict[int, tuple[Stepper, Pieces]] = {}
+        self._requests: dict[int, tuple[Stepper, list[int]]] = {}  # key -> (stepper, [output tokens sent])
 
     def add(self, key: int, decoder: Decoder, job: Job) -> None:
         """Start the request (validation errors are raised here, before any model call)."""
         stepper = decoder.stepper(prompt_ids=job.prompt_ids, max_new_tokens=job.max_tokens, seed=job.seed)
-        self._requests[key] = (stepper, Pieces(stepper))
+        self._requests[key] = (stepper, [0])
 
     def remove(self, key: int) -> None:
         """Drop the request (its cache goes with it)."""
@@ -144,9 +144,6 @@ class StepperBatch:
                 call = stepper.prepare()
             except Exception as exc:
                 out.append(self._failed(key, exc))
-                continue
-            if call is None:  # done before its first call (nothing to generate)
-                out.append(self._progress(key))
                 continue
             groups.setdefault(id(stepper.decoder.model), []).append((key, stepper, call))
         for items in groups.values():
@@ -167,13 +164,15 @@ class StepperBatch:
         return out
 
     def _progress(self, key: int) -> Progress:
-        stepper, pieces = self._requests[key]
+        """The output tokens the request's last call added (the text is the HTTP side's to make)."""
+        stepper, sent = self._requests[key]
         if stepper.done:
             del self._requests[key]
-            last = pieces.last()
-            return Progress(key, list(last.token_ids), last.generation)
-        piece = pieces.next()
-        return Progress(key, list(piece.token_ids) if piece is not None else [])
+            generation = stepper.result()
+            return Progress(key, generation.output_ids[sent[0] :], generation)
+        ids = stepper.state.output_ids()
+        new, sent[0] = ids[sent[0] :], len(ids)
+        return Progress(key, new)
 
     def _failed(self, key: int, exc: BaseException) -> Progress:
         del self._requests[key]
@@ -408,6 +407,8 @@ class Engine:
             return
         with self._cond:
             self._active[key] = _Active(submission, decoder, now)
+            if submission.cancelled:  # its client went away while it was being admitted (then it was neither
+                self._cancelled.add(key)  # waiting nor active): retired before its first step
         info = {"schedule": decoder.schedule.name, "width": decoder.width, "exact": decoder.exact}
         submission.post(Event("started", info=info))
 

@@ -420,7 +420,7 @@ def check_length(job: Job, context: int, limits: Limits, given: bool, param: str
             where,
             "context_length_exceeded",
         )
-    room = context - prompt + 1  # the last output token is never fed back
+    room = context - prompt  # positions left; the last output token is never fed back (decoder.fits_context)
     if room < 1:
         raise bad(
             f"the prompt has {prompt} tokens, and the model's context is {context}; shorten the prompt",
