@@ -1,0 +1,114 @@
+"""Building specframe's C++ kernels on first use, and saying plainly why they are absent.
+
+The kernels are one C++ file (``csrc/kernels.cpp`` with its SIMD variants in ``csrc/simd.inc``), compiled by
+``torch.utils.cpp_extension.load`` the first time a process needs them and cached under
+``<cache_dir>/kernels/<digest>`` (the digest covers the sources, torch's version and the compiler), so later
+processes load the built library in milliseconds. This is torch's own extension route: it needs a C++
+compiler and ``ninja`` (a PyPI package, installed with specframe), and nothing at install time, so
+``pip install`` stays pure Python. Where the build cannot happen (no compiler, a failed build, not x86-64
+Linux), :func:`load` returns ``None``, prints one line saying what is missing and what to install, and
+:func:`unavailable_reason` keeps that line; models then run torch's kernels, which are not row-invariant.
+``SPECFRAME_KERNELS=0`` chooses torch's kernels without building anything (read when a model is loaded).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from specframe.paths import cache_dir
+
+SWITCH = "SPECFRAME_KERNELS"
+"""The environment variable that turns specframe's own kernels off (``0``) for models loaded afterwards."""
+
+SOURCES = Path(__file__).with_name("csrc")
+_FILES = ("kernels.cpp", "simd.inc")
+_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"]
+# -ffp-contract=off: no a*b+c is fused unless the code says so, so that every tile of a kernel rounds alike
+
+_reason: str | None = None
+
+
+def compiler() -> str | None:
+    """The C++ compiler torch's extension builder would call (``$CXX`` or ``c++``), if it is on the PATH."""
+    return shutil.which(os.environ.get("CXX", "c++"))
+
+
+def _digest(cxx: str) -> str:
+    text = hashlib.sha256()
+    for name in _FILES:
+        text.update((SOURCES / name).read_bytes())
+    text.update(" ".join([torch.__version__, sys.version, cxx, *_FLAGS]).encode())
+    return text.hexdigest()[:16]
+
+
+@functools.cache
+def load() -> ModuleType | None:
+    """The built kernels' Python module (their operators registered), or ``None`` where they cannot be had.
+
+    Builds them on first use (about a minute on 2 cores) and caches the library; the reason for ``None`` is
+    :func:`unavailable_reason`.
+    """
+    global _reason
+    _reason = _missing()
+    if _reason is not None:
+        _fall_back()
+        return None
+    from torch.utils import cpp_extension
+
+    cxx = str(compiler())
+    digest = _digest(cxx)
+    folder = cache_dir() / "kernels" / digest
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not (folder / f"specframe_kernels_{digest}.so").exists():
+            print(f"specframe: building its CPU kernels once ({cxx}, about a minute) in {folder}", file=sys.stderr)
+        module = cpp_extension.load(
+            name=f"specframe_kernels_{digest}",
+            sources=[str(SOURCES / "kernels.cpp")],
+            extra_cflags=_FLAGS,
+            extra_include_paths=[str(SOURCES)],
+            build_directory=str(folder),
+            verbose=False,
+        )
+    except Exception as error:  # a compiler error, a full disk, ...: the fallback still runs the model
+        last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
+        _reason = f"building them failed ({last}); see {folder}, and report it with your compiler's version"
+        _fall_back()
+        return None
+    return module
+
+
+def _missing() -> str | None:
+    """What this machine lacks for the kernels (with what to install), or ``None``."""
+    if sys.platform != "linux" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"they are built for x86-64 Linux, not {sys.platform} on {platform.machine()}"
+    if compiler() is None:
+        return "no C++ compiler was found: install g++ ('apt-get install g++') or set CXX to one"
+    from torch.utils import cpp_extension
+
+    if not cpp_extension.is_ninja_available():
+        return "ninja is missing: 'pip install ninja' (specframe's own install brings it)"
+    return None
+
+
+def _fall_back() -> None:
+    print(
+        f"specframe: its CPU kernels are unavailable ({_reason}); running torch's kernels, which round calls "
+        f"of different sizes differently, so outputs are not guaranteed equal to AR's ({SWITCH}=0 hides this)",
+        file=sys.stderr,
+    )
+
+
+def unavailable_reason() -> str | None:
+    """Why :func:`load` returned ``None`` (one line naming what is missing and what to do), else ``None``."""
+    load()
+    return _reason

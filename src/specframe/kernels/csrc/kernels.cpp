@@ -1,0 +1,359 @@
+// specframe's CPU kernels for verification calls: row-invariant, weight-stationary linear and attention.
+//
+// Registered as torch.library operators (specframe_kernels::linear, specframe_kernels::attention), so eager
+// code and compiled graphs call the same kernels. One build holds a portable path and the SIMD variants of
+// simd.inc (AVX2+FMA, +AVX-VNNI, AVX-512, +AVX-512 VNNI); the best one the CPU supports is picked at load
+// (and can be lowered with set_level for tests). Every path keeps one rule: an output element is reduced in
+// an order fixed by the shapes of the weights and keys alone, never by the number of rows in the call.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int FORMAT_F32 = 0, FORMAT_BF16 = 1, FORMAT_Q8_0 = 2, FORMAT_Q4_0 = 3, FORMAT_Q4_1 = 4;
+constexpr int64_t BLOCK_BYTES[] = {0, 0, 34, 18, 20};
+constexpr int64_t MAX_HEAD_DIM = 512;  // attention keeps a head's output in registers/stack of this size
+
+inline float scalar(float v) { return v; }
+inline float scalar(uint16_t bits) {  // bfloat16 bits to float32 (exact)
+  uint32_t wide = uint32_t(bits) << 16;
+  float out;
+  std::memcpy(&out, &wide, 4);
+  return out;
+}
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+
+// ---- the portable path: plain C++, the same reduction order at every row count -----------------------------
+namespace portable {
+
+template <typename W>
+void dense(const float* x, int64_t M, int64_t K, const W* w, int64_t N, float* out, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float s = 0.0f;
+      for (int64_t k = 0; k < K; ++k) s += x[m * K + k] * scalar(w[n * K + k]);
+      out[m * N + n] = s;
+    }
+}
+
+void quantize_rows(const float* x, int64_t M, int64_t K, int8_t* q, float* d, float* s) {
+  const int64_t blocks = K / 32;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + m * K + b * 32;
+      float top = 0.0f;
+      for (int i = 0; i < 32; ++i) top = std::fmax(top, std::fabs(xb[i]));
+      const float inverse = top > 0.0f ? 127.0f / top : 0.0f;
+      d[m * blocks + b] = top / 127.0f;
+      int32_t total = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int32_t code = (int32_t)std::nearbyint(xb[i] * inverse);
+        q[m * K + b * 32 + i] = (int8_t)code;
+        total += code;
+      }
+      s[m * blocks + b] = (top / 127.0f) * (float)total;
+    }
+}
+
+void quant_linear(int format, const int8_t* qx, const float* dx, const float* dsx, int64_t M, int64_t K,
+                  const uint8_t* w, int64_t row_bytes, int64_t N, float* out, int64_t n0, int64_t n1) {
+  const int64_t blocks = K / 32;
+  std::vector<int8_t> codes(K);
+  std::vector<float> scale(blocks), minimum(blocks);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = row + b * BLOCK_BYTES[format];
+      scale[b] = half_to_float(load_u16(block));
+      if (format == FORMAT_Q8_0) {
+        std::memcpy(codes.data() + b * 32, block + 2, 32);
+        continue;
+      }
+      const uint8_t* packed = block + (format == FORMAT_Q4_0 ? 2 : 4);
+      if (format == FORMAT_Q4_1) minimum[b] = half_to_float(load_u16(block + 2));
+      if (format == FORMAT_Q4_0) minimum[b] = -8.0f * scale[b];  // codes - 8 as codes with a minimum
+      for (int i = 0; i < 16; ++i) {
+        codes[b * 32 + i] = (int8_t)(packed[i] & 0x0f);
+        codes[b * 32 + 16 + i] = (int8_t)(packed[i] >> 4);
+      }
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.0f, low = 0.0f;
+      for (int64_t b = 0; b < blocks; ++b) {
+        int32_t dot = 0;
+        for (int i = 0; i < 32; ++i) dot += int32_t(codes[b * 32 + i]) * int32_t(qx[m * K + b * 32 + i]);
+        const float db = dx[m * blocks + b];
+        acc += (float)dot * (scale[b] * db);
+        if (format != FORMAT_Q8_0) low += minimum[b] * dsx[m * blocks + b];
+      }
+      out[m * N + n] = acc + low;
+    }
+  }
+}
+
+template <typename T>
+void attend(const float* q, int64_t H, int64_t D, const T* keys, const T* values, int64_t key_stride, int64_t kv_heads,
+            const bool* visible, int64_t span, float softmax_scale, float* out, int64_t task0, int64_t task1) {
+  const int64_t group = H / kv_heads;
+  std::vector<float> scores(span), acc(D);
+  for (int64_t task = task0; task < task1; ++task) {
+    const int64_t r = task / H, h = task % H, g = h / group;
+    const float* qv = q + task * D;
+    const bool* seen = visible + r * span;
+    float top = -INFINITY;
+    for (int64_t j = 0; j < span; ++j) {
+      if (!seen[j]) continue;
+      const T* kj = keys + j * key_stride + g * D;
+      float s = 0.0f;
+      for (int64_t k = 0; k < D; ++k) s += qv[k] * scalar(kj[k]);
+      scores[j] = s * softmax_scale;
+      top = scores[j] > top ? scores[j] : top;
+    }
+    float total = 0.0f;
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    for (int64_t j = 0; j < span; ++j) {
+      if (!seen[j]) continue;
+      const float p = std::exp(scores[j] - top);
+      total += p;
+      const T* vj = values + j * key_stride + g * D;
+      for (int64_t k = 0; k < D; ++k) acc[k] += p * scalar(vj[k]);
+    }
+    const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
+    for (int64_t k = 0; k < D; ++k) out[task * D + k] = acc[k] * inverse;
+  }
+}
+
+}  // namespace portable
+
+}  // namespace
+
+// ---- the SIMD variants ---------------------------------------------------------------------------------------
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+namespace avx2 {
+#define SF_WIDE 0
+#define SF_VNNI 0
+#include "simd.inc"
+#undef SF_WIDE
+#undef SF_VNNI
+}  // namespace avx2
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avxvnni")
+namespace avxvnni {
+#define SF_WIDE 0
+#define SF_VNNI 2
+#include "simd.inc"
+#undef SF_WIDE
+#undef SF_VNNI
+}  // namespace avxvnni
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+namespace avx512 {
+#define SF_WIDE 1
+#define SF_VNNI 0
+#include "simd.inc"
+#undef SF_WIDE
+#undef SF_VNNI
+}  // namespace avx512
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+namespace avx512vnni {
+#define SF_WIDE 1
+#define SF_VNNI 1
+#include "simd.inc"
+#undef SF_WIDE
+#undef SF_VNNI
+}  // namespace avx512vnni
+#pragma GCC pop_options
+
+namespace {
+
+struct Variant {
+  const char* name;
+  void (*dense_f32)(const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int64_t);
+  void (*dense_bf16)(const float*, int64_t, int64_t, const uint16_t*, int64_t, float*, int64_t, int64_t);
+  void (*quantize_rows)(const float*, int64_t, int64_t, int8_t*, float*, float*);
+  void (*quant_linear)(int, const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, int64_t,
+                       int64_t, float*, int64_t, int64_t);
+  void (*attend_f32)(const float*, int64_t, int64_t, const float*, const float*, int64_t, int64_t, const bool*, int64_t,
+                     float, float*, int64_t, int64_t);
+  void (*attend_bf16)(const float*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, const bool*,
+                      int64_t, float, float*, int64_t, int64_t);
+};
+
+#define SF_VARIANT(ns, label)                                                                                    \
+  Variant {                                                                                                      \
+    label, ns::dense_f32, ns::dense_bf16, ns::quantize_rows, ns::quant_linear, ns::attend_f32, ns::attend_bf16 \
+  }
+
+const Variant VARIANTS[] = {
+    {"portable", portable::dense<float>, portable::dense<uint16_t>, portable::quantize_rows, portable::quant_linear,
+     portable::attend<float>, portable::attend<uint16_t>},
+    SF_VARIANT(avx2, "avx2"),
+    SF_VARIANT(avxvnni, "avx2+avxvnni"),
+    SF_VARIANT(avx512, "avx512"),
+    SF_VARIANT(avx512vnni, "avx512+vnni"),
+};
+
+// The variants this CPU (and its OS, which must save the wide registers) can run, best last.
+std::vector<int> supported() {
+  __builtin_cpu_init();
+  std::vector<int> out{0};
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (!avx2) return out;
+  out.push_back(1);
+  if (__builtin_cpu_supports("avxvnni")) out.push_back(2);
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (avx512) {
+    out.push_back(3);
+    if (__builtin_cpu_supports("avx512vnni")) out.push_back(4);
+  }
+  return out;
+}
+
+int g_variant = supported().back();
+
+const Variant& variant() { return VARIANTS[g_variant]; }
+
+int64_t grain(int64_t work_per_item) { return std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, work_per_item)); }
+
+at::Tensor as_f32_rows(const at::Tensor& x) { return x.to(at::kFloat).contiguous(); }
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t format, int64_t out_features) {
+  TORCH_CHECK(x.dim() == 2, "specframe_kernels::linear: x must be [rows, in], got ", x.sizes());
+  TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "specframe_kernels::linear runs on the CPU");
+  TORCH_CHECK(format >= FORMAT_F32 && format <= FORMAT_Q4_1, "specframe_kernels::linear: unknown format ", format);
+  TORCH_CHECK(weight.is_contiguous(), "specframe_kernels::linear: the weight must be contiguous");
+  const int64_t M = x.size(0), K = x.size(1), N = out_features;
+  TORCH_CHECK(weight.size(0) == N, "specframe_kernels::linear: weight has ", weight.size(0), " rows, expected ", N);
+  const at::Tensor xf = as_f32_rows(x);
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const Variant& v = variant();
+  if (M == 0) return out.to(x.scalar_type());
+  if (format == FORMAT_F32 || format == FORMAT_BF16) {
+    TORCH_CHECK(weight.size(1) == K, "specframe_kernels::linear: weight has ", weight.size(1), " columns, x has ", K);
+    TORCH_CHECK(weight.scalar_type() == (format == FORMAT_F32 ? at::kFloat : at::kBFloat16),
+                "specframe_kernels::linear: weight dtype ", weight.scalar_type(), " does not match its format");
+    const int64_t blocks = (N + 3) / 4;
+    at::parallel_for(0, blocks, grain(4 * M * K), [&](int64_t b0, int64_t b1) {
+      const int64_t n0 = b0 * 4, n1 = std::min(N, b1 * 4);
+      if (format == FORMAT_F32)
+        v.dense_f32(xp, M, K, weight.data_ptr<float>(), N, op, n0, n1);
+      else
+        v.dense_bf16(xp, M, K, reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), N, op, n0, n1);
+    });
+  } else {
+    TORCH_CHECK(K % 32 == 0, "specframe_kernels::linear: block-quantized weights need in_features % 32 == 0, got ", K);
+    TORCH_CHECK(weight.scalar_type() == at::kByte, "specframe_kernels::linear: quantized weights are uint8 blocks");
+    const int64_t row_bytes = K / 32 * BLOCK_BYTES[format];
+    TORCH_CHECK(weight.size(1) == row_bytes, "specframe_kernels::linear: weight rows hold ", weight.size(1),
+                " bytes, expected ", row_bytes, " for ", K, " inputs");
+    const int64_t blocks = K / 32;
+    std::vector<int8_t> qx(M * K);
+    std::vector<float> dx(M * blocks);
+    std::vector<float> sx(M * blocks);
+    v.quantize_rows(xp, M, K, qx.data(), dx.data(), sx.data());
+    const int64_t groups = (N + 3) / 4;
+    const uint8_t* wp = weight.data_ptr<uint8_t>();
+    at::parallel_for(0, groups, grain(4 * M * K / 4), [&](int64_t b0, int64_t b1) {
+      v.quant_linear((int)format, qx.data(), dx.data(), sx.data(), M, K, wp, row_bytes, N, op, b0 * 4,
+                     std::min(N, b1 * 4));
+    });
+  }
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
+                     double softmax_scale) {
+  TORCH_CHECK(q.dim() == 3, "specframe_kernels::attention: q must be [rows, heads, dim], got ", q.sizes());
+  TORCH_CHECK(keys.dim() == 3 && values.sizes() == keys.sizes(), "specframe_kernels::attention: keys and values must be "
+              "[rows, kv_heads, dim] alike, got ", keys.sizes(), " and ", values.sizes());
+  TORCH_CHECK(visible.dim() == 2 && visible.size(0) == q.size(0) && visible.scalar_type() == at::kBool,
+              "specframe_kernels::attention: visible must be a [rows, span] bool mask");
+  const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = keys.size(1), span = visible.size(1);
+  TORCH_CHECK(D <= MAX_HEAD_DIM, "specframe_kernels::attention: head size ", D, " is over ", MAX_HEAD_DIM);
+  TORCH_CHECK(keys.size(0) >= span && keys.size(2) == D && H % KV == 0,
+              "specframe_kernels::attention: keys ", keys.sizes(), " do not fit q ", q.sizes(), " and span ", span);
+  TORCH_CHECK(keys.stride(2) == 1 && keys.stride(1) == D && values.stride(2) == 1 && values.stride(1) == D &&
+                  values.stride(0) == keys.stride(0),
+              "specframe_kernels::attention: keys and values must be row-strided [rows, kv_heads, dim] views");
+  TORCH_CHECK(keys.scalar_type() == values.scalar_type() &&
+                  (keys.scalar_type() == at::kFloat || keys.scalar_type() == at::kBFloat16),
+              "specframe_kernels::attention: keys and values must be float32 or bfloat16");
+  const at::Tensor qf = as_f32_rows(q);
+  const at::Tensor seen = visible.contiguous();
+  at::Tensor out = at::empty({R, H, D}, q.options().dtype(at::kFloat));
+  const Variant& v = variant();
+  const float scale = (float)softmax_scale;
+  at::parallel_for(0, R * H, grain(span * D * 2), [&](int64_t t0, int64_t t1) {
+    if (keys.scalar_type() == at::kFloat)
+      v.attend_f32(qf.data_ptr<float>(), H, D, keys.data_ptr<float>(), values.data_ptr<float>(), keys.stride(0), KV,
+                   seen.data_ptr<bool>(), span, scale, out.data_ptr<float>(), t0, t1);
+    else
+      v.attend_bf16(qf.data_ptr<float>(), H, D, reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>()),
+                    reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), keys.stride(0), KV,
+                    seen.data_ptr<bool>(), span, scale, out.data_ptr<float>(), t0, t1);
+  });
+  out = out.view({R, H * D});
+  return q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type());
+}
+
+std::vector<std::string> variant_names() {
+  std::vector<std::string> out;
+  for (int index : supported()) out.emplace_back(VARIANTS[index].name);
+  return out;
+}
+
+std::string current_variant() { return variant().name; }
+
+void select_variant(const std::string& name) {
+  for (int index : supported())
+    if (name == VARIANTS[index].name) {
+      g_variant = index;
+      return;
+    }
+  TORCH_CHECK(false, "specframe_kernels: this CPU cannot run the '", name, "' kernels");
+}
+
+}  // namespace
+
+TORCH_LIBRARY(specframe_kernels, m) {
+  m.def("linear(Tensor x, Tensor weight, int format, int out_features) -> Tensor");
+  m.def("attention(Tensor q, Tensor keys, Tensor values, Tensor visible, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(specframe_kernels, CPU, m) {
+  m.impl("linear", &linear);
+  m.impl("attention", &attention);
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
+  module.def("variants", &variant_names, "The kernel variants this CPU can run, best last.");
+  module.def("variant", &current_variant, "The variant in use.");
+  module.def("select_variant", &select_variant, "Use another variant this CPU can run (tests compare them).");
+}

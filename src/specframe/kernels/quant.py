@@ -1,0 +1,128 @@
+"""GGUF's block quantizations as specframe keeps them: Q8_0, Q4_0 and Q4_1, byte for byte llama.cpp's layout.
+
+A quantized ``[out, in]`` matrix is a ``uint8`` tensor ``[out, in / 32 * block_bytes]``: each row is its
+blocks of 32 weights in order, each block as GGUF stores it (little-endian float16 scale ``d``, Q4_1 a float16
+minimum ``m``, then the codes; a 4-bit block holds weight ``i`` in the low nibble of byte ``i`` and weight
+``16 + i`` in its high nibble). A GGUF's tensors can therefore be used as they are (``convert --quant keep``),
+and :func:`quantize` rounds float weights the way llama.cpp's reference quantizer does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BLOCK = 32
+"""Weights per block (every format here)."""
+
+
+@dataclass(frozen=True)
+class Format:
+    """One weight format of the kernels.
+
+    Attributes:
+        name: ``"f32"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"`` or ``"q4_1"``.
+        code: The number the C++ operator takes.
+        block_bytes: Bytes per block of 32 weights (0: a dense format).
+    """
+
+    name: str
+    code: int
+    block_bytes: int
+
+    @property
+    def quantized(self) -> bool:
+        """Whether weights are stored as blocks (activations are then quantized per row in the kernel)."""
+        return self.block_bytes > 0
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        Format("f32", 0, 0),
+        Format("bf16", 1, 0),
+        Format("q8_0", 2, 34),
+        Format("q4_0", 3, 18),
+        Format("q4_1", 4, 20),
+    )
+}
+QUANTIZED = tuple(name for name, f in FORMATS.items() if f.quantized)
+"""The block formats a model's projections can be quantized to (``--quant``)."""
+
+
+def format_of(name: str) -> Format:
+    """The :class:`Format` called ``name``.
+
+    Raises:
+        ValueError: For an unknown name, listing the known ones.
+    """
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown weight format {name!r}; use one of {', '.join(FORMATS)}") from None
+
+
+def _halves(values: torch.Tensor) -> torch.Tensor:
+    """float32 values rounded to float16, as ``[..., 2]`` little-endian bytes."""
+    return values.to(torch.float16).contiguous().view(torch.uint8).view(*values.shape, 2)
+
+
+def _from_halves(data: torch.Tensor) -> torch.Tensor:
+    return data.contiguous().view(torch.float16).squeeze(-1).float()
+
+
+def quantize(weight: torch.Tensor, name: str) -> torch.Tensor:
+    """``weight`` (``[out, in]``, ``in`` a multiple of 32) as blocks of format ``name`` (llama.cpp's rounding).
+
+    Raises:
+        ValueError: For an unknown or dense format, or an input size that is not a multiple of 32.
+    """
+    fmt = format_of(name)
+    if not fmt.quantized:
+        raise ValueError(f"{name} is not a block format; quantize to one of {', '.join(QUANTIZED)}")
+    rows, columns = weight.shape
+    if columns % BLOCK:
+        raise ValueError(f"a {rows}x{columns} matrix cannot be quantized: its input size must be a multiple of 32")
+    x = weight.detach().float().reshape(rows, columns // BLOCK, BLOCK)
+    if name == "q8_0":
+        d = x.abs().amax(-1) / 127
+        inverse = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+        codes = torch.round(x * inverse[..., None]).to(torch.int8).view(torch.uint8)
+        blocks = torch.cat([_halves(d), codes], dim=-1)
+    elif name == "q4_0":
+        where = x.abs().argmax(-1, keepdim=True)  # the first value of largest magnitude, with its sign
+        d = x.gather(-1, where).squeeze(-1) / -8
+        inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+        codes = torch.trunc(x * inverse[..., None] + 8.5).clamp(0, 15).to(torch.uint8)
+        blocks = torch.cat([_halves(d), codes[..., :16] | (codes[..., 16:] << 4)], dim=-1)
+    else:  # q4_1
+        low, high = x.amin(-1), x.amax(-1)
+        d = (high - low) / 15
+        inverse = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+        codes = torch.trunc((x - low[..., None]) * inverse[..., None] + 0.5).clamp(0, 15).to(torch.uint8)
+        blocks = torch.cat([_halves(d), _halves(low), codes[..., :16] | (codes[..., 16:] << 4)], dim=-1)
+    return blocks.reshape(rows, -1).contiguous()
+
+
+def dequantize(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    """The float32 ``[out, in]`` weights that blocks of format ``name`` hold (as llama.cpp decodes them).
+
+    Raises:
+        ValueError: For an unknown or dense format, or rows whose length is not a whole number of blocks.
+    """
+    fmt = format_of(name)
+    if not fmt.quantized:
+        raise ValueError(f"{name} is not a block format")
+    rows, length = blocks.shape
+    if length % fmt.block_bytes:
+        raise ValueError(f"rows of {length} bytes are not whole {name} blocks of {fmt.block_bytes} bytes")
+    b = blocks.reshape(rows, length // fmt.block_bytes, fmt.block_bytes)
+    d = _from_halves(b[..., 0:2])[..., None]
+    if name == "q8_0":
+        return (d * b[..., 2:].contiguous().view(torch.int8).float()).reshape(rows, -1)
+    packed = b[..., 4:] if name == "q4_1" else b[..., 2:]
+    codes = torch.cat([packed & 0x0F, packed >> 4], dim=-1).float()
+    if name == "q4_0":
+        return (d * (codes - 8)).reshape(rows, -1)
+    return (d * codes + _from_halves(b[..., 2:4])[..., None]).reshape(rows, -1)
