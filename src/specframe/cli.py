@@ -180,6 +180,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     # An AR decoder loads the model as generate would (threads, compilation) without needing a cost model.
     loading = {"model": args.model, "device": args.device, "dtype": args.dtype, "revision": args.revision}
+    loading["quant"] = args.quant
     model = compose({**loading, "threads": args.threads, "compile": args.compile, "schedule": "ar"}).model
     cost = cost_model_for(model, refresh=args.refresh, announce=False)  # asked for: printed next
     if args.json:
@@ -214,6 +215,12 @@ def add_model_options(parser: argparse.ArgumentParser, *, adapter: bool = True) 
     parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default cpu)")
     parser.add_argument("--dtype", help="float32, bfloat16, float16, float64 (default: float32 on CPU)")
     parser.add_argument("--revision", help="Hub revision of --model")
+    parser.add_argument(
+        "--quant",
+        choices=("q8_0", "q4_0", "q4_1"),
+        help="quantize the projections at load to a GGUF block format, run by specframe's CPU kernels "
+        "(default: as the checkpoint stores them; a checkpoint converted with --quant keeps its blocks)",
+    )
     if adapter:
         parser.add_argument(
             "--adapter",
@@ -357,6 +364,7 @@ def decoder_config(args: argparse.Namespace, *, schedule: str | None = None) -> 
         "device": args.device,
         "dtype": args.dtype,
         "revision": args.revision,
+        "quant": args.quant,
         "adapter": args.adapter,
         "stop": [unescape(s, option="--stop") for s in args.stop],
         "threads": args.threads,
@@ -453,7 +461,9 @@ def run_generate(args: argparse.Namespace) -> int:
         prompt = chat_prompt(decoder.model.tokenizer, prompt)
     inexact = inexact_reason(decoder.rule, decoder.schedule)
     if args.json:
-        print(json.dumps(decoder.generate(prompt, prompt_ids=prompt_ids).to_dict()))
+        report = getattr(decoder.model, "kernel_report", None)
+        kernels = {"kernels": report()} if report is not None else {}
+        print(json.dumps(decoder.generate(prompt, prompt_ids=prompt_ids).to_dict() | kernels))
         if inexact:
             print(f"note: {inexact}", file=sys.stderr)
         return 0

@@ -34,6 +34,7 @@ from specframe.auto.setup import check_cost
 from specframe.blame import remember
 from specframe.decoder import Decoder, as_integer, seed_problem
 from specframe.errors import ConfigError, PluginError, SpecframeError
+from specframe.kernels.quant import QUANTIZED
 from specframe.masks.base import MaskBuilder
 from specframe.models.base import ModelBackend
 from specframe.models.hub import model_display_name
@@ -75,6 +76,8 @@ class DecoderConfig:
         dtype: Model dtype (``"float32"``, ``"bfloat16"``, ``"float16"``, ``"float64"``); default float32
             on CPU and the checkpoint's dtype on GPUs.
         revision: Hub revision (branch, tag or commit) when ``model`` is a repo id.
+        quant: Quantize the model's float projections at load to a GGUF block format (``"q8_0"``, ``"q4_0"``,
+            ``"q4_1"``), run by specframe's CPU kernels; ``None`` keeps them as the checkpoint stores them.
         adapter: Load and use the model's proposal-only adapter (Nemotron's ``linear_spec_lora``): ``True``,
             ``False``, or ``None`` (the default) for the drafter the checkpoint declares, if any (converted
             models with a trained drafter declare theirs).
@@ -99,6 +102,7 @@ class DecoderConfig:
     device: str | None = None
     dtype: str | None = None
     revision: str | None = None
+    quant: str | None = None
     adapter: bool | None = None
     stop: Sequence[str | Sequence[int]] = field(default_factory=tuple)
     threads: int | None = None
@@ -147,14 +151,16 @@ class DecoderConfig:
             )
         if isinstance(self.model, str) and not self.model.strip():
             raise ConfigError("model is an empty string; give a Hub repo id or folder, or None for the bundled model")
-        for name in ("device", "dtype", "revision"):
+        for name in ("device", "dtype", "revision", "quant"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise ConfigError(f"{name} must be a string or None, got {value!r}")
         if isinstance(self.device, str) and not self.device.strip():
             raise ConfigError("device is an empty string; give 'cpu', 'cuda', 'cuda:1', ... or None for the CPU")
+        if self.quant is not None and self.quant not in QUANTIZED:
+            raise ConfigError(f"quant {self.quant!r} is not a block format; use one of {', '.join(QUANTIZED)} or None")
         if isinstance(self.model, ModelBackend):
-            given = [n for n in ("device", "dtype", "revision") if getattr(self, n) is not None]
+            given = [n for n in ("device", "dtype", "revision", "quant") if getattr(self, n) is not None]
             if given:
                 raise ConfigError(
                     f"{', '.join(given)} only apply when specframe loads the model; the given model is already "
@@ -387,7 +393,12 @@ def _load(cfg: DecoderConfig) -> ModelBackend:
     from specframe.models import load_model
 
     return load_model(
-        cfg.model, device=cfg.device or "cpu", dtype=cfg.dtype, revision=cfg.revision, adapter=cfg.adapter
+        cfg.model,
+        device=cfg.device or "cpu",
+        dtype=cfg.dtype,
+        revision=cfg.revision,
+        adapter=cfg.adapter,
+        quant=cfg.quant,
     )
 
 

@@ -26,6 +26,7 @@ def machine_description() -> dict[str, Any]:
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "cpu": _cpu_name(),
+        "cpu_flags": _cpu_flags(),
         "cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -42,6 +43,23 @@ def machine_description() -> dict[str, Any]:
             "runtime": torch.version.cuda,
         }
     return info
+
+
+_NAMED_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx_vnni", "avx512_bf16")
+_NAMED_FLAGS += ("amx_tile", "amx_bf16", "amx_int8")
+
+
+def _cpu_flags() -> list[str]:
+    """The CPU's vector-instruction flags that decide which kernels run (from /proc/cpuinfo; empty elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("flags"):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in _NAMED_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
 
 
 def _cpu_name() -> str:

@@ -359,6 +359,7 @@ def _load_model(settings: BenchSettings) -> ModelBackend:
         dtype=settings.dtype,
         revision=settings.revision,
         adapter=settings.adapter,
+        quant=settings.quant,
     )
 
 

@@ -115,6 +115,7 @@ class BenchSettings:
         repeats: Responses per prompt and method.
         seed: Base seed (response seeds are ``seed + 1000 * prompt index + repeat``).
         dtype: Model dtype (``None``: the loader's default).
+        quant: GGUF block format the projections are quantized to at load (``None``: as stored).
         revision: Hub revision of the model.
         adapter: Use the proposal-only adapter (``None``: the drafter the checkpoint declares, if any).
         stop: Stop strings.
@@ -146,6 +147,7 @@ class BenchSettings:
     repeats: int = 1
     seed: int = 0
     dtype: str | None = None
+    quant: str | None = None
     revision: str | None = None
     adapter: bool | None = None
     stop: list[str] = field(default_factory=list)

@@ -30,6 +30,13 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument(
         "--mask-token", help="vocabulary entry to use as the mask token (default: an unused control token)"
     )
+    parser.add_argument(
+        "--quant",
+        choices=("q8_0", "q4_0", "q4_1", "keep"),
+        help="store the attention, MLP and output matrices block-quantized, run as stored by specframe's CPU "
+        "kernels: q8_0, q4_0 or q4_1 (a GGUF matrix already in that format is kept byte for byte), or keep "
+        "(the GGUF's own Q8_0/Q4_0/Q4_1 blocks as they are); default: every tensor in --dtype",
+    )
     parser.add_argument("--revision", help="Hub revision, for a Hub repo id")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out folder")
     parser.set_defaults(handler=run)
@@ -60,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         mask_token=args.mask_token,
         overwrite=args.overwrite,
+        quant=args.quant,
         log=lambda line: print(line, flush=True),
     )
     return 0

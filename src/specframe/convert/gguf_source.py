@@ -19,6 +19,7 @@ import torch
 
 from specframe.convert.source import SourceModel
 from specframe.errors import CheckpointError, ConfigError
+from specframe.kernels.quant import QUANTIZED
 
 #: GGUF architecture name -> transformers class. (Qwen2 carries q/k/v biases, which the networks lack.)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -107,7 +108,7 @@ def read_gguf(path: Path) -> SourceModel:
             f"{path}: GGUF architecture {arch!r} is not supported{hint}; supported: {', '.join(GGUF_ARCHITECTURES)}"
         )
     config = _config(fields, arch)
-    tensors, tied = _tensors(reader, path, arch, config, gguf)
+    tensors, tied, blocks = _tensors(reader, path, arch, config, gguf)
     config["tie_word_embeddings"] = tied
     tokenizer, control = _tokenizer(fields)
     # Without tokenizer.ggml.add_bos_token, llama.cpp prepends BOS for byte-level BPE only with Llama 3's
@@ -127,6 +128,7 @@ def read_gguf(path: Path) -> SourceModel:
         architecture=GGUF_ARCHITECTURES[arch],
         config=config,
         tensors=tensors,
+        blocks=blocks,
         tokenizer_json=tokenizer,
         chat_template=fields.get("tokenizer.chat_template", None),
         special={k: int(v) for k, v in special.items() if v is not None},
@@ -183,8 +185,9 @@ def _config(fields: _Fields, arch: str) -> dict[str, Any]:
 
 def _tensors(
     reader: Any, path: Path, arch: str, config: dict[str, Any], gguf: Any
-) -> tuple[dict[str, Callable[[], torch.Tensor]], bool]:
+) -> tuple[dict[str, Callable[[], torch.Tensor]], bool, dict[str, Callable[[], tuple[str, torch.Tensor]]]]:
     loaders: dict[str, Callable[[], torch.Tensor]] = {}
+    blocks: dict[str, Callable[[], tuple[str, torch.Tensor]]] = {}
     unknown = []
     for tensor in reader.tensors:
         name = tensor.name
@@ -201,10 +204,26 @@ def _tensors(
         if arch in ("llama", "mistral") and target.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config["num_attention_heads"] if "q_proj" in target else config["num_key_value_heads"]
         loaders[target] = _loader(tensor, path, heads, gguf)
+        kind = getattr(tensor.tensor_type, "name", "").lower()
+        if kind in QUANTIZED and len(tensor.shape) == 2:
+            blocks[target] = _block_loader(tensor, kind, heads)
     if unknown:
         raise CheckpointError(f"{path}: unexpected tensor(s) for a {arch} model: {', '.join(unknown[:8])}")
     tied = "lm_head.weight" not in loaders
-    return loaders, tied
+    return loaders, tied, blocks
+
+
+def _block_loader(tensor: Any, fmt: str, heads: int | None) -> Callable[[], tuple[str, torch.Tensor]]:
+    """The tensor's blocks as stored (rows un-permuted like its values): ``(format, uint8 [out, bytes])``."""
+
+    def load() -> tuple[str, torch.Tensor]:
+        rows = int(tensor.shape[1])
+        blocks = torch.from_numpy(np.array(tensor.data, dtype=np.uint8)).reshape(rows, -1)
+        if heads is not None:
+            blocks = unpermute_rope_rows(blocks, heads)
+        return fmt, blocks
+
+    return load
 
 
 def _loader(tensor: Any, path: Path, heads: int | None, gguf: Any) -> Callable[[], torch.Tensor]:

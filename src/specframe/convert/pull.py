@@ -92,8 +92,9 @@ def pull(name: str, *, source: Path | None = None, force: bool = False, log: Cal
         if staging.exists():
             shutil.rmtree(staging)
         try:
-            log(f"converting {gguf_path.name} ({spec.dtype})")
-            convert(read_gguf(gguf_path), staging, dtype=spec.dtype, overwrite=True)
+            kept = "" if spec.quant is None else f", projections --quant {spec.quant}"
+            log(f"converting {gguf_path.name} ({spec.dtype}{kept})")
+            convert(read_gguf(gguf_path), staging, dtype=spec.dtype, overwrite=True, quant=spec.quant)
             has_drafter = _attach_shipped_drafter(staging, name)
             record = {
                 "name": name,

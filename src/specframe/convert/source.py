@@ -26,6 +26,10 @@ class SourceModel:
         tensors: ``{transformers tensor name: loader}``; each loader returns the float tensor in the
             ``[out, in]`` orientation transformers uses (dequantized, un-permuted). Names follow
             ``model.layers.{i}.self_attn.q_proj.weight`` etc.; ``lm_head.weight`` is absent when tied.
+        blocks: ``{transformers tensor name: loader}`` of the matrices the source stores in a block format
+            specframe's kernels run as they are (GGUF's Q8_0, Q4_0, Q4_1): each loader returns ``(format,
+            uint8 blocks)`` with rows in the order of :attr:`tensors` (un-permuted), so that
+            ``specframe convert --quant keep`` can write them unchanged.
         tokenizer_json: The tokenizer as a ``tokenizer.json`` document (a dict).
         chat_template: The Jinja chat template, if the source has one.
         special: ``bos_token_id``, ``eos_token_id``, ``pad_token_id``, ``unk_token_id`` where known.
@@ -39,6 +43,7 @@ class SourceModel:
     config: dict[str, Any]
     tensors: dict[str, Callable[[], torch.Tensor]]
     tokenizer_json: dict[str, Any]
+    blocks: dict[str, Callable[[], tuple[str, torch.Tensor]]] = field(default_factory=dict)
     chat_template: str | None = None
     special: dict[str, Any] = field(default_factory=dict)
     control_tokens: list[int] = field(default_factory=list)

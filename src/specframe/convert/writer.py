@@ -7,6 +7,7 @@ an error (a damaged tensor, a full disk, Ctrl-C) leaves no half-written model be
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from safetensors.torch import save_file
 
 from specframe.convert.source import SourceModel
 from specframe.errors import CheckpointError, ConfigError, OutputError
+from specframe.kernels.quant import BLOCK, QUANTIZED, quantize
 from specframe.models import nemotron
 
 #: Largest weight shard written, in bytes.
@@ -32,6 +34,7 @@ def convert(
     dtype: str = "bfloat16",
     mask_token: str | None = None,
     overwrite: bool = False,
+    quant: str | None = None,
     log: Callable[[str], None] = lambda line: None,
 ) -> Path:
     """Write ``source`` into the folder ``out`` in its family's layout.
@@ -43,6 +46,11 @@ def convert(
         dtype: Weight dtype of the written files (``float32``, ``bfloat16`` or ``float16``).
         mask_token: The vocabulary entry to use as the mask token; by default an unused control token.
         overwrite: Replace an existing folder.
+        quant: Store the projections (attention, MLP and the output head) block-quantized, run as stored by
+            specframe's CPU kernels: ``"q8_0"``, ``"q4_0"`` or ``"q4_1"`` (a source matrix already in that
+            format is kept byte for byte, others are quantized from their float values), ``"keep"`` (the
+            source's own Q8_0/Q4_0/Q4_1 blocks as they are, other matrices in ``dtype``), or ``None`` (every
+            tensor in ``dtype``). The embedding and norms stay in ``dtype``.
         log: Receives one line per step.
 
     Returns:
@@ -54,6 +62,13 @@ def convert(
     """
     if dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    if quant is not None and quant not in (*QUANTIZED, "keep"):
+        raise ConfigError(f"--quant {quant!r}: choose one of {', '.join(QUANTIZED)} or keep")
+    if quant == "keep" and not source.blocks:
+        raise ConfigError(
+            f"--quant keep: {source.description} holds no Q8_0, Q4_0 or Q4_1 matrices to keep; "
+            f"choose --quant {'/'.join(QUANTIZED)} to quantize it, or leave --quant out"
+        )
     out = Path(out)
     if out.exists() and not (overwrite and out.is_dir()):
         what = "folder" if out.is_dir() else "file"
@@ -66,8 +81,10 @@ def convert(
         raise OutputError(f"cannot write the converted model to {out}: {exc}") from exc
     try:
         config = _config(source, mask_id, dtype)
+        if quant is not None:
+            config["specframe_conversion"]["quant"] = quant
         (staging / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        _write_weights(source, staging, _rename, DTYPES[dtype], log)
+        _write_weights(source, staging, _rename, DTYPES[dtype], log, quant)
         _write_tokenizer(source, staging, mask_id)
         if out.exists():
             shutil.rmtree(out)
@@ -169,19 +186,48 @@ def _eos(source: SourceModel) -> list[int]:
     return ids
 
 
+_PROJECTION = re.compile(r"encoder\.layers\.\d+\.(self_attn|mlp)\.\w+_proj\.weight|diffusion_head\.weight")
+"""Written tensors that are projections (what ``--quant`` stores block-quantized)."""
+
+
+def _quantized(
+    source: SourceModel, name: str, target: str, tensor: torch.Tensor, quant: str | None
+) -> tuple[str, torch.Tensor] | None:
+    """``(stored name, blocks)`` of a projection ``--quant`` stores block-quantized, or ``None`` (float)."""
+    if quant is None or not _PROJECTION.fullmatch(target) or tensor.dim() != 2:
+        return None
+    own = source.blocks.get(name)
+    kept = own() if own is not None else None
+    if kept is not None and (quant == "keep" or kept[0] == quant):
+        return f"{target}.{kept[0]}", kept[1].contiguous()
+    if quant == "keep" or tensor.shape[1] % BLOCK:
+        return None  # nothing to keep, or rows that are no whole blocks: stays float
+    return f"{target}.{quant}", quantize(tensor, quant)
+
+
 def _write_weights(
-    source: SourceModel, folder: Path, rename: Callable[[str, bool], list[str]], dtype: torch.dtype, log: Callable
+    source: SourceModel,
+    folder: Path,
+    rename: Callable[[str, bool], list[str]],
+    dtype: torch.dtype,
+    log: Callable,
+    quant: str | None = None,
 ) -> None:
     tied = bool(source.config.get("tie_word_embeddings", "lm_head.weight" not in source.tensors))
     shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
+    size, stored = 0, 0
     for count, (name, tensor) in enumerate(source.load(), start=1):
         if not torch.isfinite(tensor).all():
             raise CheckpointError(
                 f"{source.description}: tensor {name} holds NaN or infinite values; the file is damaged"
             )
         for target in rename(name, tied):
-            converted = tensor.to(dtype).contiguous().clone()  # a tensor written twice is stored twice
+            blocks = _quantized(source, name, target, tensor, quant)
+            if blocks is not None:
+                target, converted = blocks
+                stored += 1
+            else:
+                converted = tensor.to(dtype).contiguous().clone()  # a tensor written twice is stored twice
             nbytes = converted.numel() * converted.element_size()
             if shards[-1] and size + nbytes > SHARD_BYTES:
                 shards.append({})
@@ -190,6 +236,8 @@ def _write_weights(
             size += nbytes
         if count % 50 == 0:
             log(f"  {count}/{len(source.tensors)} tensors")
+    if quant is not None:
+        log(f"  {stored} projection(s) stored block-quantized ({quant})")
     if len(shards) == 1:
         save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
         return

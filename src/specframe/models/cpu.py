@@ -1,16 +1,23 @@
-"""CPU tuning, in one place and behind one switch: what makes few-row calls fast on a CPU.
+"""CPU kernels, in one place and behind one switch: what makes calls of few rows fast and row-invariant on a CPU.
 
-* **Projection kernels** (:func:`kernel`): matrices of at least :data:`PACK_MIN_ELEMENTS` float32 elements
-  (every bfloat16 matrix) keep a prepacked oneDNN copy, used from :data:`PACKED_MIN_ROWS` rows
-  (:class:`Prepacked`); smaller float32 matrices keep a transposed contiguous copy, used except at
-  :data:`TRANSPOSED_SKIP_ROWS` rows (:class:`Transposed`). float64, float16 and accelerators use
-  ``F.linear``. The copies are skipped when they would take over a quarter of physical memory.
+* **specframe's own kernels** (:mod:`specframe.kernels`, the default for float32, bfloat16 and GGUF block
+  formats): :class:`InvariantLinear` projections and the invariant attention of
+  :mod:`specframe.models.forward`. Each output reduces in an order fixed by the weights alone, so every row of
+  every call (a Packed-SS verification, a batch) gets bitwise the logits a one-row AR call gives it; each
+  weight block is read once per call for all its rows. ``SPECFRAME_KERNELS=0`` (or no C++ compiler) falls
+  back to torch's kernels below, which are faster per row on some CPUs but round by row count.
+* **torch's kernels tuned by row count** (the fallback): matrices of at least :data:`PACK_MIN_ELEMENTS`
+  float32 elements (bfloat16 ones on CPUs with AVX-512) keep a prepacked oneDNN copy, used from
+  :data:`PACKED_MIN_ROWS` rows (:class:`Prepacked`); smaller float32 matrices keep a transposed contiguous
+  copy, used except at :data:`TRANSPOSED_SKIP_ROWS` rows (:class:`Transposed`). float64, float16 and
+  accelerators use ``F.linear``. The copies are skipped when they would take over a quarter of physical memory.
 * **Compiled graphs on the CPU** (:mod:`specframe.models.compiled`): prepacked matrices are multiplied by the
   ``specframe::project`` operator (a graph cannot take an opaque oneDNN tensor as an input), the graph's
   compiled code is called without dynamo (:class:`DirectCall`), and inductor generates a C++ wrapper.
 
 Why each choice, with the measurements: ``docs/performance.md``. ``SPECFRAME_CPU_TUNING=0`` (or
-``load_model(..., cpu_tuning=False)``) turns all of it off: plain ``F.linear`` and ``torch.compile`` as is.
+``load_model(..., cpu_tuning=False)``) turns all of it off: plain ``F.linear``, ``scaled_dot_product_attention``
+and ``torch.compile`` as is.
 """
 
 from __future__ import annotations
@@ -23,8 +30,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from specframe import kernels
 from specframe.envflags import env_flag
-from specframe.models.forward import Kernel, Linear
+from specframe.errors import ConfigError
+from specframe.models.forward import Blocks, Kernel, Linear
 
 SWITCH = "SPECFRAME_CPU_TUNING"
 """The environment variable that turns CPU tuning off (``0``) for every model loaded afterwards."""
@@ -69,31 +78,119 @@ def physical_memory_bytes() -> int | None:
 def prepack_allowed(weight_bytes: int, device: torch.device, dtype: torch.dtype) -> bool:
     """Whether to keep prepacked oneDNN copies of matrices totalling ``weight_bytes``.
 
-    Only on the CPU, for float32 and bfloat16, with oneDNN available, when the copies take at most a
-    quarter of physical memory.
+    Only on the CPU, for float32 and bfloat16 (on CPUs with AVX-512: oneDNN refuses to pack it elsewhere), with
+    oneDNN available, when the copies take at most a quarter of physical memory.
     """
     if device.type != "cpu" or dtype not in _PACK_HINT or not onednn_available():
         return False
+    if dtype == torch.bfloat16 and not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return False  # oneDNN packs bfloat16 only with AVX-512 (it raises on AVX2-only CPUs)
     memory = physical_memory_bytes()
     return memory is None or weight_bytes <= _MEMORY_SHARE * memory
 
 
-def kernel(network: torch.nn.Module, device: torch.device, dtype: torch.dtype, tuned: bool = True) -> Kernel:
-    """The projection maker of a network's matrices: :class:`Prepacked` / :class:`Transposed` where they pay.
+def kernel(
+    network: torch.nn.Module,
+    device: torch.device,
+    dtype: torch.dtype,
+    tuned: bool = True,
+    quant: str | None = None,
+) -> Kernel:
+    """The projection maker of a network's matrices.
+
+    specframe's invariant kernels (:class:`InvariantLinear`) where they apply; else torch's, tuned by row count
+    (:class:`Prepacked` / :class:`Transposed`) where they pay; else plain :class:`~specframe.models.forward.Linear`.
 
     Args:
         network: The loaded network (its size decides whether copies fit in memory).
         device: The weights' device.
         dtype: The weights' dtype.
         tuned: ``False``: plain :class:`~specframe.models.forward.Linear` everywhere.
+        quant: A block format (``"q8_0"``, ``"q4_0"``, ``"q4_1"``) to quantize float matrices to, or ``None``.
+            Matrices stored block-quantized in the checkpoint keep their blocks either way.
+
+    Raises:
+        ConfigError: If quantized weights are asked for (or the checkpoint holds them) but the kernels cannot
+            run here (the reason and what to install are named).
     """
+    if quant is not None and quant not in kernels.QUANTIZED:
+        raise ConfigError(f"unknown quantization {quant!r}; use one of {', '.join(kernels.QUANTIZED)}, or none")
+    stored = bool(getattr(network, "specframe_blocks", None))
+    if invariant_applies(device, dtype, tuned):
+        return _Invariant(quant)
+    if quant is not None or stored:
+        if not tuned:
+            why = "CPU tuning is off (SPECFRAME_CPU_TUNING=0 or cpu_tuning=False)"
+        elif device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+            why = "they run on the CPU in float32 or bfloat16 only"
+        elif not env_flag(kernels.SWITCH, default=True):
+            why = f"specframe's kernels are turned off ({kernels.SWITCH}=0)"
+        else:
+            why = f"specframe's CPU kernels are unavailable: {kernels.unavailable_reason()}"
+        raise ConfigError(
+            f"quantized weights ({quant or 'stored in the checkpoint'}) cannot run on {device} in {dtype}: {why}"
+        )
     nbytes = sum(p.numel() * p.element_size() for p in network.parameters())
     if not tuned or not prepack_allowed(nbytes, device, dtype):
         return Linear
     return _tuned
 
 
-def _tuned(weight: torch.Tensor) -> Linear:
+def invariant_applies(device: torch.device, dtype: torch.dtype, tuned: bool = True) -> bool:
+    """Whether specframe's invariant kernels run a model on ``device`` in ``dtype``.
+
+    On the CPU, in float32 or bfloat16, unless ``SPECFRAME_KERNELS=0`` or the kernels cannot be built here.
+    """
+    if not tuned or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    return env_flag(kernels.SWITCH, default=True) and kernels.available()
+
+
+class InvariantLinear(Linear):
+    """A projection by specframe's row-invariant, weight-stationary kernel (:mod:`specframe.kernels`).
+
+    Args:
+        weight: The float ``[out, in]`` matrix (what training, export and the reference path read).
+        fmt: The kernel's weight format (``"f32"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``).
+        data: What the kernel reads: ``weight`` itself for dense formats, its uint8 blocks otherwise.
+    """
+
+    __slots__ = ("data", "code", "format", "out_features")
+
+    def __init__(self, weight: torch.Tensor, fmt: str, data: torch.Tensor) -> None:
+        super().__init__(weight)
+        self.format = fmt
+        self.code = kernels.format_of(fmt).code
+        self.data = data.contiguous()
+        self.out_features = weight.shape[0]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ weight.T`` for ``x`` shaped ``[R, in]``, each row alone in its rounding."""
+        return torch.ops.specframe_kernels.linear(x, self.data, self.code, self.out_features)
+
+
+class _Invariant:
+    """The projection maker of :class:`InvariantLinear` (quantizing float matrices when asked, once per matrix)."""
+
+    invariant = True
+
+    def __init__(self, quant: str | None) -> None:
+        self.quant = quant
+        self._made: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __call__(self, weight: torch.Tensor, blocks: Blocks | None = None) -> Linear:
+        if blocks is not None:
+            return InvariantLinear(weight, blocks[0], blocks[1])
+        if self.quant is not None and weight.shape[1] % kernels.quant.BLOCK == 0:
+            key = (weight.data_ptr(), weight._version)
+            if key not in self._made:
+                self._made[key] = kernels.quantize(weight, self.quant)
+            return InvariantLinear(weight, self.quant, self._made[key])
+        fmt = "f32" if weight.dtype == torch.float32 else "bf16"
+        return InvariantLinear(weight, fmt, weight.detach())
+
+
+def _tuned(weight: torch.Tensor, blocks: Blocks | None = None) -> Linear:
     if weight.dtype == torch.float32 and weight.numel() < PACK_MIN_ELEMENTS:
         return Transposed(weight)
     return Prepacked(weight)
@@ -259,12 +356,6 @@ class DirectCall:
         for index, source, dim in self.fills:
             args[index] = inputs[source] if dim is None else inputs[source].shape[dim]
         return self.compiled(*args)
-
-
-def _symbol(node: torch.fx.Node) -> str | None:
-    """The symbol of a graph input that is a symbolic size (``None`` when dynamo recorded none)."""
-    value = node.meta.get("example_value")
-    return str(value.node.expr) if isinstance(value, torch.SymInt) else None
 
 
 def _symbol(node: torch.fx.Node) -> str | None:

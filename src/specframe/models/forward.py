@@ -38,11 +38,17 @@ TABLE_BYTES_LIMIT = 64 * 2**20
 
 
 class Linear:
-    """The default projection ``x @ weight.T`` (``F.linear``) of a bias-free ``[out, in]`` weight."""
+    """The default projection ``x @ weight.T`` (``F.linear``) of a bias-free ``[out, in]`` weight.
+
+    Args:
+        weight: The ``[out, in]`` matrix.
+        blocks: Its checkpoint's block-quantized form ``(format, uint8 blocks)``, which only a kernel that
+            runs blocks takes (:func:`specframe.models.cpu.kernel` refuses such a model elsewhere).
+    """
 
     __slots__ = ("weight",)
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, blocks: Blocks | None = None) -> None:
         self.weight = weight
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,8 +60,13 @@ class Linear:
         return self
 
 
-Kernel = Callable[[torch.Tensor], Linear]
-"""Makes the projection object of a weight: :class:`Linear`, or a CPU kernel (:func:`specframe.models.cpu.kernel`)."""
+Blocks = tuple[str, torch.Tensor]
+"""A matrix stored block-quantized: its format (``"q4_1"``, ...) and its ``uint8`` blocks
+(:mod:`specframe.kernels.quant`)."""
+
+Kernel = Callable[..., Linear]
+"""Makes the projection object of a weight, ``kernel(weight, blocks=None)``: :class:`Linear`, or a CPU kernel
+(:func:`specframe.models.cpu.kernel`)."""
 
 
 @dataclass
@@ -98,6 +109,7 @@ class Weights:
     eps: float
     wide: bool  # half precision: norms and softmax run in float32
     dtype: torch.dtype
+    invariant: bool = False  # attention by specframe's row-invariant kernel (masks are then bool "visible")
 
     def for_graph(self) -> Weights:
         """These weights with every projection swapped for the form a compiled graph calls."""
@@ -182,9 +194,10 @@ class RopeTables:
 # -- the step ------------------------------------------------------------------------------------------------
 Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | slice]
 """One request's share of a step: its cache's ``keys`` and ``values`` buffers (``[layers, capacity, kv, dim]``),
-its additive attention mask over the cache rows ``0 .. span`` and the cache rows its new rows' keys and values
-are written to: eagerly a ``[rows, span]`` mask and a slice, in graphs a ``[group * rows, span]`` mask (query
-heads of one kv head stacked, :func:`graph_mask`) and a ``[rows]`` tensor."""
+its attention mask over the cache rows ``0 .. span`` and the cache rows its new rows' keys and values are
+written to: eagerly a ``[rows, span]`` mask and a slice, in graphs a ``[group * rows, span]`` mask (query heads
+of one kv head stacked, :func:`graph_mask`) and a ``[rows]`` tensor. With the invariant kernels
+(``Weights.invariant``) the mask is a bool ``[rows, span]`` "visible" mask on every path."""
 
 
 def step(
@@ -253,10 +266,17 @@ def _attention(
     q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
     if scale is not None:
         q = q * scale[:, None, None]
-    if padded is None:  # one request (eager or in a graph)
-        out = _attend(w, index, q, k, v, *segments[0])
-    else:
+    if padded is not None:
         out = padded.attend(w, index, q, k, v, segments)
+    elif len(segments) == 1:  # one request (eager or in a graph)
+        out = _attend(w, index, q, k, v, *segments[0])
+    else:  # invariant kernels: each request's rows attend alone, as they would in a call of their own
+        outs, start = [], 0
+        for segment in segments:
+            end = start + segment[3].stop - segment[3].start
+            outs.append(_attend(w, index, q[start:end], k[start:end], v[start:end], *segment))
+            start = end
+        out = torch.cat(outs)
     projected = layer.o(out)
     if layer.lora is not None and adapter_rows is not None:
         a, b, lora_scale = layer.lora
@@ -285,6 +305,15 @@ def _attend(
     """
     kv, d = w.kv_heads, w.head_dim
     rows, group, span = q.shape[0], w.heads // kv, mask.shape[1]
+    if mask.dtype == torch.bool:  # the invariant kernel: each (row, head) over its visible keys in key order
+        if isinstance(slots, slice):
+            keys[index, slots] = k
+            values[index, slots] = v
+        else:
+            at = (torch.full_like(slots, index), slots)
+            keys.index_put_(at, k)
+            values.index_put_(at, v)
+        return torch.ops.specframe_kernels.attention(q, keys[index], values[index], mask, d**-0.5)
     if isinstance(slots, slice):  # eager: consecutive rows, one copy each, one attention kernel
         keys[index, slots] = k
         values[index, slots] = v
@@ -357,8 +386,8 @@ class Padded:
 
     @classmethod
     def of(cls, w: Weights, segments: Sequence[Segment]) -> Padded | None:
-        """The grouped layout of eager ``segments``; ``None`` for one request or in graphs."""
-        if len(segments) < 2 or not all(isinstance(slots, slice) for *_, slots in segments):
+        """The grouped layout of eager ``segments``; ``None`` for one request, in graphs or with invariant kernels."""
+        if w.invariant or len(segments) < 2 or not all(isinstance(slots, slice) for *_, slots in segments):
             return None
         return cls(segments, w.dtype)
 
@@ -405,8 +434,13 @@ def _copy(x: torch.Tensor) -> torch.Tensor:
 
 
 def eager_mask(attention: torch.Tensor, length: int, dtype: torch.dtype) -> torch.Tensor:
-    """The additive ``[R, length + R]`` mask of a call: every cached row, the new rows as ``attention``."""
+    """The additive ``[R, length + R]`` mask of a call: every cached row, the new rows as ``attention``.
+
+    With ``dtype`` bool: the ``visible`` mask of the invariant kernels (True where a row may attend).
+    """
     rows = attention.shape[0]
+    if dtype == torch.bool:
+        return torch.cat([attention.new_ones(rows, length), attention], dim=1)
     mask = torch.zeros(rows, length + rows, dtype=dtype, device=attention.device)
     mask[:, length:].masked_fill_(~attention, float("-inf"))
     return mask
@@ -420,6 +454,9 @@ def graph_mask(
     Rows below ``length`` are visible, the new rows at ``length ..`` as ``attention`` says, the rest not.
     """
     rows = attention.shape[0]
+    if dtype == torch.bool:  # the invariant kernel's visible mask: rows are not stacked by kv head
+        own = attention.index_select(1, (span - length).clamp(0, rows - 1))
+        return (span < length) | (own & (span >= length) & (span < length + rows))
     offset = span - length  # the new row a column holds, where 0 <= offset < rows
     # own[r, c] = attention[r, offset[c]] as a product with a one-hot [rows, span] matrix: one kernel per call,
     # where a gather would be inlined into every layer's softmax
@@ -446,7 +483,7 @@ def graph_call(
     Returns the normalised hidden states of all rows (as a 1-tuple).
     """
     rows = input_ids.shape[0]
-    mask = graph_mask(attention, length, span, w.heads // w.kv_heads, w.dtype)
+    mask = graph_mask(attention, length, span, w.heads // w.kv_heads, torch.bool if w.invariant else w.dtype)
     slots = length + torch.arange(rows, device=input_ids.device)
     return (step(w, input_ids, position_ids, [(keys, values, mask, slots)], adapter_rows),)
 
@@ -459,7 +496,8 @@ class Forward:
         network: The loaded network (:func:`fuse` is applied here).
         rotary: The backend's rotary embedding.
         query_scale: ``(beta, length)`` of the Llama-4 query scaling (beta 0 disables it).
-        kernel: Makes each projection (:class:`Linear`, or :func:`specframe.models.cpu.kernel`).
+        kernel: Makes each projection (:class:`Linear`, or :func:`specframe.models.cpu.kernel`); one with an
+            ``invariant`` attribute set also runs attention by specframe's row-invariant kernel.
     """
 
     def __init__(
@@ -480,8 +518,9 @@ class Forward:
         """Rebuild the weights (after an adapter is attached or a weight with a derived copy changed)."""
         body, kernel = self.network.body, self.kernel
         layers = []
-        for layer in body.layers:
+        for index, layer in enumerate(body.layers):
             attn, mlp, lora = layer.self_attn, layer.mlp, layer.self_attn.o_lora
+            stored = self._stored_blocks(f"body.layers.{index}")
             qk_norm = None
             if attn.q_norm is not None and attn.k_norm is not None:
                 heads, kv_heads = self._sizes[:2]
@@ -490,21 +529,23 @@ class Forward:
                 LayerWeights(
                     input_norm=layer.input_layernorm.weight.detach(),
                     post_norm=layer.post_attention_layernorm.weight.detach(),
-                    qkv=kernel(attn.qkv_weight),
-                    o=kernel(attn.o_proj.weight.detach()),
-                    gate_up=kernel(mlp.gate_up_weight),
-                    down=kernel(mlp.down_proj.weight.detach()),
+                    qkv=kernel(attn.qkv_weight, stored("self_attn", "q_proj", "k_proj", "v_proj")),
+                    o=kernel(attn.o_proj.weight.detach(), stored("self_attn", "o_proj")),
+                    gate_up=kernel(mlp.gate_up_weight, stored("mlp", "gate_proj", "up_proj")),
+                    down=kernel(mlp.down_proj.weight.detach(), stored("mlp", "down_proj")),
                     qk_norm=qk_norm,
                     lora=None if lora is None else (lora.lora_A.detach(), lora.lora_B.detach(), float(lora.scale)),
                 )
             )
         head = body.embed_tokens.weight if self.network.head is None else self.network.head.weight
+        head_name = "body.embed_tokens.weight" if self.network.head is None else "head.weight"
+        head_blocks = getattr(self.network, "specframe_blocks", {}).get(head_name)
         heads, kv_heads, head_dim, eps = self._sizes
         self.weights = Weights(
             embed=body.embed_tokens.weight.detach(),
             layers=layers,
             final_norm=body.norm.weight.detach(),
-            head=kernel(head.detach()),
+            head=kernel(head.detach(), head_blocks),
             tables=self.tables,
             heads=heads,
             kv_heads=kv_heads,
@@ -512,6 +553,7 @@ class Forward:
             eps=eps,
             wide=self.dtype in (torch.float16, torch.bfloat16),
             dtype=self.dtype,
+            invariant=bool(getattr(kernel, "invariant", False)),
         )
         # read before every call: the attention modules (adapters) and the tensors something was copied from
         # (qk-norm weights, matrices with a CPU copy); fused matrices and views are read in place
@@ -521,6 +563,22 @@ class Forward:
         self._copied += [] if type(self.weights.head) is Linear else [self.weights.head.weight]
         self._state = self._fingerprint()
         self.has_lora = any(layer.lora is not None for layer in layers)
+
+    def _stored_blocks(self, prefix: str) -> Callable[..., Blocks | None]:
+        """The stored blocks of a layer's projection made of the given parts (fused: the parts' blocks stacked).
+
+        ``None`` unless every part is stored block-quantized in one format (the fused matrix then runs as a
+        float matrix, as one of its parts would).
+        """
+        blocks = getattr(self.network, "specframe_blocks", {})
+
+        def stored(module: str, *parts: str) -> Blocks | None:
+            found = [blocks.get(f"{prefix}.{module}.{part}.weight") for part in parts]
+            if any(b is None for b in found) or len({b[0] for b in found}) != 1:  # type: ignore[index]
+                return None
+            return found[0][0], torch.cat([b[1] for b in found]) if len(found) > 1 else found[0][1]  # type: ignore[index]
+
+        return stored
 
     def _fingerprint(self) -> tuple[list, list[int]]:
         """What the weights were built from beyond shared storage: adapters, copied tensors' versions."""
@@ -545,7 +603,7 @@ class Forward:
         for cache, call in batch:
             rows = call.input_ids.shape[0]
             cache.reserve(rows)
-            mask = eager_mask(call.attention, cache.length, w.dtype)
+            mask = eager_mask(call.attention, cache.length, torch.bool if w.invariant else w.dtype)
             segments.append((cache.keys, cache.values, mask, slice(cache.length, cache.length + rows)))
             counts.append(rows if call.output_rows is None else call.output_rows.shape[0])
             offsets.append(start)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from specframe.errors import CheckpointError, ConfigError, PluginError, SpecframeError
+from specframe.kernels.quant import QUANTIZED
 from specframe.models.base import ModelBackend
 from specframe.models.config_json import checkpoint_dtype, read_config
 from specframe.models.hub import resolve_source
@@ -132,6 +133,10 @@ class Checkpoint:
         name: How the user named the model (repo id, bundled name or folder): the loaded model's ``name``.
         device: Target device.
         dtype: Target dtype.
+        cpu_tuning: Whether the CPU kernels of :mod:`specframe.models.cpu` apply (``None``: the
+            ``SPECFRAME_CPU_TUNING`` environment switch), known before any weight is packed.
+        quant: A block format (``"q8_0"``, ``"q4_0"``, ``"q4_1"``) to quantize the float projections to at
+            load, or ``None`` (a checkpoint's stored blocks are used either way).
     """
 
     folder: Path
@@ -139,6 +144,8 @@ class Checkpoint:
     name: str
     device: torch.device
     dtype: torch.dtype
+    cpu_tuning: bool | None = None
+    quant: str | None = None
 
     @property
     def where(self) -> str:
@@ -155,6 +162,7 @@ def load_model(
     family: str | None = None,
     adapter: bool | str | os.PathLike[str] | None = None,
     cpu_tuning: bool | None = None,
+    quant: str | None = None,
 ) -> ModelBackend:
     """Load a model from the Hub, a local folder, or the bundled default.
 
@@ -170,8 +178,11 @@ def load_model(
         adapter: Load the family's proposal-only adapter (``True``, or an adapter folder); ``None`` (the
             default) loads the drafter adapter the checkpoint declares as its own (config.json's
             ``specframe_drafter``, which converted models with a trained drafter carry), and none otherwise.
-        cpu_tuning: Turn the CPU tuning of :mod:`specframe.models.cpu` on or off for a model that has it
+        cpu_tuning: Turn the CPU kernels of :mod:`specframe.models.cpu` on or off for a model that has them
             (``set_cpu_tuning``); ``None``: the ``SPECFRAME_CPU_TUNING`` environment switch (on by default).
+        quant: Quantize the float projections at load to a GGUF block format (``"q8_0"``, ``"q4_0"``,
+            ``"q4_1"``), run by specframe's CPU kernels; ``None`` keeps them as loaded (a checkpoint converted
+            with ``specframe convert --quant`` runs its stored blocks either way).
 
     Returns:
         The loaded backend.
@@ -208,7 +219,9 @@ def load_model(
     resolved_dtype = resolve_dtype(dtype, resolved_device, saved if isinstance(saved, str) else None)
     shown = os.fspath(source) if source is not None else ""
     name = shown if Path(shown).name not in ("", "..") else str(folder)  # ".": the folder, not "."
-    checkpoint = Checkpoint(folder, config, name, resolved_device, resolved_dtype)
+    if quant is not None and quant not in QUANTIZED:
+        raise ConfigError(f"unknown quantization {quant!r}; use one of {', '.join(QUANTIZED)}, or leave it unset")
+    checkpoint = Checkpoint(folder, config, name, resolved_device, resolved_dtype, cpu_tuning, quant)
     origin = f"model family {entry.name!r} (plugin {entry.plugin!r}, distribution {entry.distribution!r})"
     try:
         model = entry.factory(checkpoint, **options)
@@ -221,8 +234,8 @@ def load_model(
         ) from exc
     if not isinstance(model, ModelBackend):
         raise PluginError(f"{origin}: its loader returned {type(model).__name__}, not a ModelBackend")
-    if cpu_tuning is not None and hasattr(model, "set_cpu_tuning"):
-        model.set_cpu_tuning(cpu_tuning)
+    if cpu_tuning is not None and getattr(model, "cpu_tuning", cpu_tuning) != cpu_tuning:
+        model.set_cpu_tuning(cpu_tuning)  # a family that ignored the checkpoint's setting
     return model
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specframe import kernels
 from specframe.errors import InputError
 from specframe.models import cpu
 from specframe.models.base import ModelBackend, ModelCall, TextTokenizer, check_call
@@ -177,19 +179,48 @@ class DecoderBackend(ModelBackend):
         self.path = "eager"
         self.num_parameters = sum(p.numel() for p in network.parameters())
         self.threads: int | None = None
-        self.cpu_tuning = cpu.enabled()
+        self.cpu_tuning = cpu.enabled(checkpoint.cpu_tuning)
+        self.quant = checkpoint.quant
         scaling = (network.config.query_scale_beta, network.config.query_scale_length)
-        kernel = cpu.kernel(network, self.device, self.dtype, tuned=self.cpu_tuning)
+        kernel = cpu.kernel(network, self.device, self.dtype, tuned=self.cpu_tuning, quant=self.quant)
         self.inference = Forward(network, self.rotary, scaling, kernel)
         self.compiled: CompiledPath | None = None
 
     def set_cpu_tuning(self, enabled: bool) -> None:
         """Turn the CPU tuning of :mod:`specframe.models.cpu` on or off (the weights' kernels are rebuilt)."""
         self.cpu_tuning = bool(enabled)
-        self.inference.kernel = cpu.kernel(self.network, self.device, self.dtype, tuned=self.cpu_tuning)
+        self.inference.kernel = cpu.kernel(
+            self.network, self.device, self.dtype, tuned=self.cpu_tuning, quant=self.quant
+        )
         self.inference.refresh()
         if self.compiled is not None:
             self.compiled = CompiledPath(self.inference, self.device, self.compiled.backend, tuned=self.cpu_tuning)
+
+    def kernel_report(self) -> dict[str, Any]:
+        """Which kernels run this model's calls, and whether outputs are guaranteed invariant to row counts.
+
+        ``{"kernels": "specframe avx512+vnni" | "torch", "invariant": bool, "weights": [formats], "note": str}``:
+        with specframe's kernels every row's logits are bitwise what a one-row call gives it (so speculative
+        outputs equal AR's in any dtype); torch's kernels round calls of different sizes differently.
+        """
+        w = self.inference.weights
+        projections = [getattr(layer, n) for layer in w.layers for n in ("qkv", "o", "gate_up", "down")] + [w.head]
+        formats = sorted({getattr(p, "format", str(self.dtype).removeprefix("torch.")) for p in projections})
+        if w.invariant:
+            note = "each row reduces alone: speculative outputs are AR's bitwise"
+            return {"kernels": f"specframe {kernels.variant()}", "invariant": True, "weights": formats, "note": note}
+        if not self.cpu_tuning:
+            why = "CPU tuning is off"
+        elif self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
+            why = f"specframe's kernels run float32 and bfloat16 on the CPU, not {self.dtype} on {self.device}"
+        else:
+            why = kernels.unavailable_reason() or f"{kernels.SWITCH}=0"
+        note = f"torch's kernels ({why}): calls of different row counts round differently"
+        return {"kernels": "torch", "invariant": False, "weights": formats, "note": note}
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-friendly summary (see :meth:`ModelBackend.describe`) with the :meth:`kernel_report`."""
+        return {**super().describe(), "kernels": self.kernel_report()}
 
     def enable_compiled(self, backend: str = "inductor") -> None:
         """Run steady-state calls as one compiled graph from now on (see :mod:`specframe.models.compiled`).

@@ -31,6 +31,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from specframe.errors import CheckpointError, NonFiniteWeightsError, UnsafeWeightsError
+from specframe.kernels.quant import BLOCK, QUANTIZED, dequantize, format_of
 
 _CORRUPT_HINT = (
     "it is probably truncated or corrupted: delete it (for a Hub download, the cached snapshot in the "
@@ -49,6 +50,7 @@ class TensorSource:
         self.description = description
         self._shapes: dict[str, tuple[int, ...]] = {}
         self._files: dict[str, object] = {}
+        self._quantized: dict[str, tuple[str, str]] = {}  # name -> (stored name, block format)
         self._stack = ExitStack()
 
     def names(self) -> list[str]:
@@ -65,6 +67,33 @@ class TensorSource:
         Raises:
             CheckpointError: If the data cannot be read.
         """
+        if name in self._quantized:
+            fmt, blocks = self.blocks(name)  # type: ignore[misc]
+            return dequantize(blocks, fmt)
+        return self._read(name)
+
+    def blocks(self, name: str) -> tuple[str, torch.Tensor] | None:
+        """``(format, uint8 blocks)`` of a matrix stored block-quantized (``NAME.q4_1`` and so on), else ``None``.
+
+        Such a matrix is listed under ``NAME`` with its ``[out, in]`` shape; :meth:`load` returns its float32
+        values (as llama.cpp decodes them) and this its blocks, which specframe's kernels run as they are.
+
+        Raises:
+            CheckpointError: If the blocks cannot be read or are not whole blocks of their format.
+        """
+        if name not in self._quantized:
+            return None
+        stored, fmt = self._quantized[name]
+        blocks = self._read(stored)
+        rows, length = self._shapes[name][0], self._shapes[name][1] // BLOCK * format_of(fmt).block_bytes
+        if blocks.dtype != torch.uint8 or tuple(blocks.shape) != (rows, length):
+            raise CheckpointError(
+                f"tensor {stored!r} in {self.description} should hold {rows}x{length} {fmt} bytes, "
+                f"found {blocks.dtype} {list(blocks.shape)}; {_CORRUPT_HINT}"
+            )
+        return fmt, blocks
+
+    def _read(self, name: str) -> torch.Tensor:
         handle = self._files[name]
         if isinstance(handle, dict):
             return handle[name]
@@ -87,6 +116,17 @@ class TensorSource:
         self.close()
 
     def _add(self, name: str, shape: tuple[int, ...], handle: object, path: Path) -> None:
+        stem, _, suffix = name.rpartition(".")
+        if suffix in QUANTIZED and len(shape) == 2:  # a block-quantized matrix: listed under its float name
+            block_bytes = format_of(suffix).block_bytes
+            if shape[1] % block_bytes:
+                raise CheckpointError(
+                    f"tensor {name!r} in {path} has rows of {shape[1]} bytes, not whole {suffix} blocks of "
+                    f"{block_bytes}; {_CORRUPT_HINT}"
+                )
+            self._quantized[stem] = (name, suffix)
+            self._files[name] = handle
+            name, shape = stem, (shape[0], shape[1] // block_bytes * BLOCK)
         if name in self._shapes:
             raise CheckpointError(f"tensor {name!r} appears twice in {self.description} (again in {path.name})")
         self._shapes[name] = shape
@@ -325,6 +365,9 @@ def load_state(
 ) -> None:
     """Fill ``module`` (built on the meta device) with the checkpoint's tensors on ``device`` in ``dtype``.
 
+    Matrices stored block-quantized are loaded as their float values, and their blocks are kept in
+    ``module.specframe_blocks`` (``{parameter name: (format, blocks)}``) for the kernels.
+
     Raises:
         CheckpointError: If names or shapes do not match, a tensor cannot be read, or a weight is not
             floating point (integer weights would be converted into nonsense).
@@ -332,8 +375,11 @@ def load_state(
     """
     mapping = match_names(module, source, layout, where=where)
     finite = FiniteCheck(source, where)
-    state = {}
+    state, blocks = {}, {}
     for target, checkpoint_name in mapping.items():
+        stored = source.blocks(checkpoint_name)
+        if stored is not None:
+            blocks[target] = stored
         tensor = source.load(checkpoint_name)
         if not tensor.is_floating_point():
             raise CheckpointError(
@@ -344,6 +390,7 @@ def load_state(
     finite.check()
     module.load_state_dict(state, strict=True, assign=True)
     freeze(module.parameters())
+    module.specframe_blocks = blocks  # parameter name -> (format, blocks): what the kernels run, as stored
 
 
 class FiniteCheck:

@@ -58,6 +58,7 @@ def build_app(
     max_width: int = 32,
     device: str | None = None,
     dtype: str | None = None,
+    quant: str | None = None,
     revision: str | None = None,
     adapter: bool | None = None,
     threads: int | None = None,
@@ -80,6 +81,7 @@ def build_app(
         max_width: Widest width a request may ask for.
         device: Device to load the model on.
         dtype: Model dtype.
+        quant: GGUF block format to quantize the projections to at load (``None``: as stored).
         revision: Hub revision.
         adapter: Use the model's proposal-only adapter (``None``: the drafter the checkpoint declares).
         threads: CPU threads (``None``: chosen from the model's size and the free cores).
@@ -116,6 +118,7 @@ def build_app(
             "model": model,
             "device": device,
             "dtype": dtype,
+            "quant": quant,
             "revision": revision,
             "adapter": adapter,
             "schedule": schedule,

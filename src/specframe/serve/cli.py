@@ -102,6 +102,7 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
         **{name: getattr(args, name) for name in limits},
         device=args.device,
         dtype=args.dtype,
+        quant=args.quant,
         revision=args.revision,
         adapter=args.adapter,
         threads=args.threads,

@@ -1,0 +1,149 @@
+"""specframe's CPU operators on their own: GGUF's block layouts, row invariance, and closeness to plain arithmetic.
+
+Row invariance is the property the lossless claim rests on: a row's output must be bitwise the same whatever
+other rows share its call. It is checked for every variant this CPU can run (the portable C++ path included),
+every weight format, and row counts chosen by hypothesis.
+"""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specframe import kernels
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason=f"no kernels: {kernels.unavailable_reason()}")
+
+GGML = {"q8_0": gguf.GGMLQuantizationType.Q8_0, "q4_0": gguf.GGMLQuantizationType.Q4_0}
+GGML["q4_1"] = gguf.GGMLQuantizationType.Q4_1
+FORMATS = ("f32", "bf16", "q8_0", "q4_0", "q4_1")
+
+
+@pytest.fixture(params=kernels.variants() or ["none"])
+def variant(request):
+    best = kernels.variant()
+    kernels.select_variant(request.param)
+    yield request.param
+    kernels.select_variant(best)
+
+
+def _weights(fmt: str, out: int, inner: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(what the kernel reads, the float32 weights it stands for)."""
+    weight = torch.randn(out, inner, generator=torch.Generator().manual_seed(seed))
+    if fmt == "f32":
+        return weight, weight
+    if fmt == "bf16":
+        return weight.bfloat16(), weight.bfloat16().float()
+    blocks = kernels.quantize(weight, fmt)
+    return blocks, kernels.dequantize(blocks, fmt)
+
+
+def _linear(x: torch.Tensor, data: torch.Tensor, fmt: str, out: int) -> torch.Tensor:
+    return torch.ops.specframe_kernels.linear(x, data, kernels.format_of(fmt).code, out)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+def test_quantize_writes_llama_cpp_blocks_byte_for_byte_and_dequantize_reads_them(fmt):
+    weight = torch.randn(37, 96, generator=torch.Generator().manual_seed(3))
+    weight[0, :32] = 0.0  # an all-zero block (scale 0)
+    ours = kernels.quantize(weight, fmt)
+    theirs = np.asarray(gguf.quants.quantize(weight.numpy(), GGML[fmt])).reshape(37, -1)
+    assert ours.dtype == torch.uint8 and np.array_equal(ours.numpy(), theirs)
+    decoded = gguf.quants.dequantize(theirs, GGML[fmt]).reshape(37, 96)
+    assert torch.equal(kernels.dequantize(ours, fmt), torch.from_numpy(decoded))
+
+
+def test_bad_formats_and_shapes_are_named():
+    with pytest.raises(ValueError, match="unknown weight format 'q5_k'"):
+        kernels.format_of("q5_k")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.quantize(torch.randn(4, 40), "q8_0")
+    with pytest.raises(ValueError, match="not a block format"):
+        kernels.quantize(torch.randn(4, 64), "bf16")
+    with pytest.raises(RuntimeError, match="expected 68"):
+        _linear(torch.randn(2, 128), torch.zeros(3, 60, dtype=torch.uint8), "q8_0", 3)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    fmt=st.sampled_from(FORMATS),
+    rows=st.integers(1, 19),
+    out=st.integers(1, 23),
+    blocks=st.integers(1, 5),
+    extra=st.sampled_from([0, 0, 5, 17]),
+    seed=st.integers(0, 2**16),
+)
+def test_every_row_is_bitwise_what_it_is_alone_in_every_variant(fmt, rows, out, blocks, extra, seed):
+    inner = 32 * blocks + (extra if fmt in ("f32", "bf16") else 0)  # dense: tails off the vector width too
+    data, _ = _weights(fmt, out, inner, seed)
+    x = torch.randn(rows, inner, generator=torch.Generator().manual_seed(seed + 1))
+    x = x.bfloat16() if fmt == "bf16" else x
+    best = kernels.variant()
+    try:
+        for name in kernels.variants():
+            kernels.select_variant(name)
+            together = _linear(x, data, fmt, out)
+            for start in range(rows):
+                for count in {1, rows - start}:
+                    alone = _linear(x[start : start + count], data, fmt, out)
+                    assert torch.equal(alone, together[start : start + count]), (name, start, count)
+    finally:
+        kernels.select_variant(best)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_linear_is_close_to_float64_arithmetic(variant, fmt):
+    data, weight = _weights(fmt, 45, 160, seed=5)
+    x = torch.randn(6, 160, generator=torch.Generator().manual_seed(6))
+    x = x.bfloat16() if fmt == "bf16" else x
+    got = _linear(x, data, fmt, 45).double()
+    expected = F.linear(x.double(), weight.double())
+    if kernels.format_of(fmt).quantized:  # activations are quantized to 8 bits per block of 32
+        tolerance = 0.03 * expected.abs().max().item()
+    else:
+        tolerance = (1e-5 if fmt == "f32" else 1e-2) * expected.abs().max().item()
+    torch.testing.assert_close(got, expected, rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_matches_sdpa_and_each_row_is_bitwise_what_it_is_alone(variant, dtype):
+    generator = torch.Generator().manual_seed(7)
+    rows, heads, kv_heads, dim, span = 9, 6, 2, 40, 33
+    q = torch.randn(rows, heads, dim, generator=generator).to(dtype)
+    cache = torch.randn(2, 50, kv_heads, dim, generator=generator).to(dtype)
+    visible = torch.rand(rows, span, generator=generator) < 0.6
+    visible[:, 0] = True
+    scale = dim**-0.5
+    out = torch.ops.specframe_kernels.attention(q, cache[0], cache[1], visible, scale)
+    mask = torch.zeros(rows, span).masked_fill(~visible, float("-inf"))
+    expected = F.scaled_dot_product_attention(
+        q.double().transpose(0, 1)[None],
+        cache[0, :span].double().transpose(0, 1)[None],
+        cache[1, :span].double().transpose(0, 1)[None],
+        attn_mask=mask.double(),
+        enable_gqa=True,
+    )[0].transpose(0, 1)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.double(), expected.reshape(rows, -1), rtol=tolerance, atol=tolerance)
+    for r in range(rows):
+        alone = torch.ops.specframe_kernels.attention(q[r : r + 1], cache[0], cache[1], visible[r : r + 1], scale)
+        assert torch.equal(alone, out[r : r + 1])
+
+
+def test_attention_skips_hidden_keys_exactly():
+    """A hidden key contributes nothing: the same visible keys with hidden ones between give the same bits."""
+    generator = torch.Generator().manual_seed(8)
+    q = torch.randn(1, 2, 16, generator=generator)
+    keys, values = torch.randn(2, 12, 1, 16, generator=generator)
+    visible = torch.zeros(1, 12, dtype=torch.bool)
+    visible[0, [0, 3, 7]] = True
+    spread = torch.ops.specframe_kernels.attention(q, keys, values, visible, 0.25)
+    packed = torch.ops.specframe_kernels.attention(
+        q, keys[[0, 3, 7]], values[[0, 3, 7]], torch.ones(1, 3, dtype=torch.bool), 0.25
+    )
+    assert torch.equal(spread, packed)
