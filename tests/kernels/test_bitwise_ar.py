@@ -143,6 +143,8 @@ def _recorded(model) -> Iterator[dict]:
             rows_of = zip(call.position_ids.tolist(), call.input_ids.tolist(), adapter.tolist(), strict=True)
             new = [(p, t, bool(a)) for p, t, a in rows_of]
             pending[id(cache)] = new
+            if cache.length == 0:  # a new request's cache (ids of freed caches are reused)
+                contents[id(cache)] = []
             cached = tuple(contents.get(id(cache), ()))
             out = range(rows) if call.output_rows is None else call.output_rows.tolist()
             for index, row in enumerate(out):

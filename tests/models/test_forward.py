@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from oracles import network_logits
+from specframe import kernels
 from specframe.errors import InputError
 from specframe.models import load_model
 from specframe.models.base import ModelBackend, ModelCall
@@ -16,6 +17,7 @@ from specframe.models.cpu import (
     PACK_MIN_ELEMENTS,
     PACKED_MIN_ROWS,
     TRANSPOSED_SKIP_ROWS,
+    InvariantLinear,
     Prepacked,
     Transposed,
     onednn_available,
@@ -125,9 +127,15 @@ def test_small_float32_matrices_use_their_transposed_copy_and_agree_with_f_linea
         torch.testing.assert_close(projection(x), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
-def test_float32_eager_path_follows_in_place_edits_of_small_matrices(nemotron_dir):
+@pytest.mark.parametrize("kind", ["specframe", "torch"])
+def test_float32_eager_path_follows_in_place_edits_of_small_matrices(nemotron_dir, kind, monkeypatch):
+    if kind == "torch":
+        monkeypatch.setenv(kernels.SWITCH, "0")
+    elif not kernels.available():
+        pytest.skip(f"no kernels: {kernels.unavailable_reason()}")
     model = load_model(nemotron_dir, dtype="float32")
-    assert isinstance(model.inference.weights.layers[0].o, Transposed)  # the test checkpoint's matrices are small
+    expected = InvariantLinear if kind == "specframe" else Transposed  # the test checkpoint's matrices are small
+    assert isinstance(model.inference.weights.layers[0].o, expected)
     before = _two_calls(model)[1]
     with torch.no_grad():
         model.network.body.layers[0].self_attn.o_proj.weight.mul_(-1.0)
@@ -140,12 +148,22 @@ def test_kernels_are_chosen_by_dtype_and_size_and_the_switch_turns_them_off(nemo
     def kinds(model):
         return {type(getattr(layer, n)) for layer in model.inference.weights.layers for n in ("qkv", "o", "down")}
 
-    assert kinds(load_model(nemotron_dir, dtype="float64")) == {Linear}  # oneDNN has no float64 kernel
-    if onednn_available():
+    assert kinds(load_model(nemotron_dir, dtype="float64")) == {Linear}  # neither has float64 kernels
+    if kernels.available():  # specframe's own: every float32 and bfloat16 matrix, invariant attention
+        for folder, dtype in ((nemotron_dir, "float32"), (setdlm_dir, "bfloat16")):
+            model = load_model(folder, dtype=dtype)
+            assert kinds(model) == {InvariantLinear} and model.inference.weights.invariant
+            assert model.kernel_report()["invariant"] and model.kernel_report()["kernels"].startswith("specframe")
+    monkeypatch.setenv(kernels.SWITCH, "0")
+    if onednn_available():  # torch's, tuned by row count
         assert kinds(load_model(nemotron_dir, dtype="float32")) == {Transposed}  # small float32 matrices
-        assert kinds(load_model(setdlm_dir, dtype="bfloat16")) == {Prepacked}  # bfloat16: every matrix
+        avx512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        assert kinds(load_model(setdlm_dir, dtype="bfloat16")) == ({Prepacked} if avx512 else {Linear})
+    fallback = load_model(nemotron_dir, dtype="float32")
+    assert not fallback.inference.weights.invariant and fallback.kernel_report()["kernels"] == "torch"
+    monkeypatch.delenv(kernels.SWITCH)
     off = load_model(nemotron_dir, dtype="float32", cpu_tuning=False)
-    assert kinds(off) == {Linear} and not off.cpu_tuning
+    assert kinds(off) == {Linear} and not off.cpu_tuning and not off.inference.weights.invariant
     monkeypatch.setenv("SPECFRAME_CPU_TUNING", "0")
     assert kinds(load_model(nemotron_dir, dtype="float32")) == {Linear}
     torch.testing.assert_close(_two_calls(off)[1], _reference(off)[1], rtol=1e-4, atol=1e-4)
@@ -256,6 +274,15 @@ def _compiled(model):
     return model
 
 
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    """torch's row-count-tuned kernels (the fallback without specframe's own, SPECFRAME_KERNELS=0)."""
+    monkeypatch.setenv(kernels.SWITCH, "0")
+
+
+has_kernels = pytest.mark.skipif(not kernels.available(), reason=f"no kernels: {kernels.unavailable_reason()}")
+
+
 def test_compiled_graphs_equal_reference_with_adapter_rows(nemotron_dir, compile_at_once):
     adapted = _compiled(load_model(nemotron_dir, dtype="float64", adapter=True))
     rows = torch.tensor([False] * 5 + [True] * 4)
@@ -276,10 +303,13 @@ def test_compiled_graphs_follow_in_place_edits(nemotron_dir, compile_at_once):
 
 
 @pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
-def test_compiled_graphs_use_the_prepacked_kernels_in_bfloat16(setdlm_dir, compile_at_once):
+def test_compiled_graphs_use_the_prepacked_kernels_in_bfloat16(setdlm_dir, compile_at_once, torch_kernels):
     reference = load_model(setdlm_dir, dtype="float64")
     exact = _two_calls(reference)[1].float()
     model = load_model(setdlm_dir, dtype="bfloat16")
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        assert all(type(layer.qkv) is Linear for layer in model.inference.weights.layers)  # oneDNN would raise
+        return
     assert all(isinstance(layer.qkv, Prepacked) for layer in model.inference.weights.layers)
     eager = _two_calls(model)[1]
     _compiled(model)
@@ -292,7 +322,9 @@ def test_compiled_graphs_use_the_prepacked_kernels_in_bfloat16(setdlm_dir, compi
 
 
 @pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
-def test_compiled_graphs_multiply_small_float32_matrices_by_their_transposed_copies(nemotron_dir, compile_at_once):
+def test_compiled_graphs_multiply_small_float32_matrices_by_their_transposed_copies(
+    nemotron_dir, compile_at_once, torch_kernels
+):
     model = load_model(nemotron_dir, dtype="float32")
     eager = _two_calls(model)[1]
     _compiled(model)
@@ -303,6 +335,20 @@ def test_compiled_graphs_multiply_small_float32_matrices_by_their_transposed_cop
         for name in ("qkv", "o", "gate_up", "down"):  # the graph multiplies by the eager path's copies
             assert getattr(layer, name).transposed is getattr(eager_layer, name).transposed
     torch.testing.assert_close(graphs, eager, rtol=1e-4, atol=1e-4)
+
+
+@has_kernels
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_graphs_run_the_invariant_kernels_and_match_the_eager_path(nemotron_dir, compile_at_once, dtype):
+    reference = _two_calls(load_model(nemotron_dir, dtype="float64"))[1].float()
+    model = load_model(nemotron_dir, dtype=dtype)
+    eager = _two_calls(model)[1]
+    _compiled(model)
+    graphs = _two_calls(model)[1]
+    assert model.compiled.graph_calls == 1
+    weights = model.compiled.graphs[GRAPH].args[0]
+    assert weights.invariant and all(isinstance(layer.o, InvariantLinear) for layer in weights.layers)
+    assert (graphs - reference).abs().max() <= 2 * (eager - reference).abs().max() + 1e-6
 
 
 def test_compiled_graphs_follow_an_edit_first_seen_by_forward_many(nemotron_dir, compile_at_once):
