@@ -126,3 +126,41 @@ def dequantize(blocks: torch.Tensor, name: str) -> torch.Tensor:
     if name == "q4_0":
         return (d * (codes - 8)).reshape(rows, -1)
     return (d * codes + _from_halves(b[..., 2:4])[..., None]).reshape(rows, -1)
+
+
+PACKED_OFFSET = 8
+"""A repacked block format's operator code is its block format's code plus this (see :func:`repack`)."""
+
+
+def repack(blocks: torch.Tensor, name: str) -> torch.Tensor:
+    """GGUF-layout blocks of format ``name`` rearranged for the AVX-512 kernels (the same bytes, moved).
+
+    Rows go in groups of 4 and blocks in pairs; each group is one run of memory holding, for each pair: the 4
+    rows' codes (4-bit: the pair's two 16-byte code runs; Q8_0: the two blocks' first halves, then their second
+    halves), the 8 float16 scales (row-major, then block) and, for Q4_1, the 8 float16 minima alike. Missing
+    rows and a lone last block are zeros. Nothing is rounded: :func:`dequantize` of the input and the kernel's
+    use of the output see the same codes and scales.
+
+    Returns:
+        ``uint8 [ceil(out / 4), ceil(blocks / 2) * pair bytes]``.
+    """
+    fmt = format_of(name)
+    if not fmt.quantized:
+        raise ValueError(f"{name} is not a block format")
+    rows, length = blocks.shape
+    count = length // fmt.block_bytes
+    groups, pairs = -(-rows // 4), -(-count // 2)
+    padded = torch.zeros(groups * 4, pairs * 2, fmt.block_bytes, dtype=torch.uint8)
+    padded[:rows, :count] = blocks.reshape(rows, count, fmt.block_bytes)
+    b = padded.view(groups, 4, pairs, 2, fmt.block_bytes).permute(0, 2, 1, 3, 4)  # [group, pair, row, block, byte]
+    parts = []
+    if name == "q8_0":
+        halves = b[..., 2:34].reshape(groups, pairs, 4, 2, 2, 16).transpose(3, 4)  # [.., row, half, block, 16]
+        parts.append(halves.reshape(groups, pairs, 4 * 64))
+    else:
+        start = 4 if name == "q4_1" else 2
+        parts.append(b[..., start : start + 16].reshape(groups, pairs, 4 * 32))
+    parts.append(b[..., 0:2].reshape(groups, pairs, 16))
+    if name == "q4_1":
+        parts.append(b[..., 2:4].reshape(groups, pairs, 16))
+    return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()

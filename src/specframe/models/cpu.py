@@ -149,6 +149,9 @@ def invariant_applies(device: torch.device, dtype: torch.dtype, tuned: bool = Tr
 class InvariantLinear(Linear):
     """A projection by specframe's row-invariant, weight-stationary kernel (:mod:`specframe.kernels`).
 
+    Block formats run repacked for the CPU's kernels where those take it (:func:`specframe.kernels.repack`,
+    the same codes and scales rearranged once here), else in GGUF's layout.
+
     Args:
         weight: The float ``[out, in]`` matrix (what training, export and the reference path read).
         fmt: The kernel's weight format (``"f32"``, ``"bf16"``, ``"q8_0"``, ``"q4_0"``, ``"q4_1"``).
@@ -161,8 +164,10 @@ class InvariantLinear(Linear):
         super().__init__(weight)
         self.format = fmt
         self.code = kernels.format_of(fmt).code
-        self.data = data.contiguous()
         self.out_features = weight.shape[0]
+        if kernels.format_of(fmt).quantized and kernels.runs_repacked():
+            data, self.code = kernels.repack(data, fmt), self.code + kernels.PACKED_OFFSET
+        self.data = data.contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ weight.T`` for ``x`` shaped ``[R, in]``, each row alone in its rounding."""

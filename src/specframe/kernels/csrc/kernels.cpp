@@ -23,7 +23,12 @@ namespace {
 
 constexpr int FORMAT_F32 = 0, FORMAT_BF16 = 1, FORMAT_Q8_0 = 2, FORMAT_Q4_0 = 3, FORMAT_Q4_1 = 4;
 constexpr int64_t BLOCK_BYTES[] = {0, 0, 34, 18, 20};
-constexpr int64_t MAX_HEAD_DIM = 512;  // attention keeps a head's output in registers/stack of this size
+constexpr int64_t MAX_HEAD_DIM = 512;
+// Repacked formats (see simd.inc): the block format's code plus PACKED; bytes per pair of blocks of 4 rows.
+constexpr int PACKED = 8;
+constexpr int64_t packed_pair_bytes(int format) {
+  return format == FORMAT_Q8_0 ? 4 * 64 + 16 : (format == FORMAT_Q4_0 ? 4 * 32 + 16 : 4 * 32 + 32);
+}  // attention keeps a head's output in registers/stack of this size
 
 inline float scalar(float v) { return v; }
 inline float scalar(uint16_t bits) {  // bfloat16 bits to float32 (exact)
@@ -197,24 +202,28 @@ struct Variant {
   void (*quantize_rows)(const float*, int64_t, int64_t, int8_t*, float*, float*);
   void (*quant_linear)(int, const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, int64_t,
                        int64_t, float*, int64_t, int64_t);
+  void (*packed_linear)(int, const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, int64_t,
+                        float*, int64_t, int64_t);
+  bool packs;
   void (*attend_f32)(const float*, int64_t, int64_t, const float*, const float*, int64_t, int64_t, const bool*, int64_t,
                      float, float*, int64_t, int64_t);
   void (*attend_bf16)(const float*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, const bool*,
                       int64_t, float, float*, int64_t, int64_t);
 };
 
-#define SF_VARIANT(ns, label)                                                                                    \
-  Variant {                                                                                                      \
-    label, ns::dense_f32, ns::dense_bf16, ns::quantize_rows, ns::quant_linear, ns::attend_f32, ns::attend_bf16 \
+#define SF_VARIANT(ns, label, wide)                                                                                \
+  Variant {                                                                                                          \
+    label, ns::dense_f32, ns::dense_bf16, ns::quantize_rows, ns::quant_linear, ns::packed_linear, wide,             \
+        ns::attend_f32, ns::attend_bf16                                                                            \
   }
 
 const Variant VARIANTS[] = {
     {"portable", portable::dense<float>, portable::dense<uint16_t>, portable::quantize_rows, portable::quant_linear,
-     portable::attend<float>, portable::attend<uint16_t>},
-    SF_VARIANT(avx2, "avx2"),
-    SF_VARIANT(avxvnni, "avx2+avxvnni"),
-    SF_VARIANT(avx512, "avx512"),
-    SF_VARIANT(avx512vnni, "avx512+vnni"),
+     avx2::packed_linear, false, portable::attend<float>, portable::attend<uint16_t>},
+    SF_VARIANT(avx2, "avx2", false),
+    SF_VARIANT(avxvnni, "avx2+avxvnni", false),
+    SF_VARIANT(avx512, "avx512", true),
+    SF_VARIANT(avx512vnni, "avx512+vnni", true),
 };
 
 // The variants this CPU (and its OS, which must save the wide registers) can run, best last.
@@ -245,10 +254,14 @@ at::Tensor as_f32_rows(const at::Tensor& x) { return x.to(at::kFloat).contiguous
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t format, int64_t out_features) {
   TORCH_CHECK(x.dim() == 2, "specframe_kernels::linear: x must be [rows, in], got ", x.sizes());
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "specframe_kernels::linear runs on the CPU");
-  TORCH_CHECK(format >= FORMAT_F32 && format <= FORMAT_Q4_1, "specframe_kernels::linear: unknown format ", format);
+  TORCH_CHECK((format >= FORMAT_F32 && format <= FORMAT_Q4_1) ||
+                  (format >= PACKED + FORMAT_Q8_0 && format <= PACKED + FORMAT_Q4_1),
+              "specframe_kernels::linear: unknown format ", format);
   TORCH_CHECK(weight.is_contiguous(), "specframe_kernels::linear: the weight must be contiguous");
   const int64_t M = x.size(0), K = x.size(1), N = out_features;
-  TORCH_CHECK(weight.size(0) == N, "specframe_kernels::linear: weight has ", weight.size(0), " rows, expected ", N);
+  TORCH_CHECK(weight.dim() == 2, "specframe_kernels::linear: the weight must be 2-d, got ", weight.sizes());
+  TORCH_CHECK(format > FORMAT_Q4_1 || weight.size(0) == N, "specframe_kernels::linear: weight has ", weight.size(0),
+              " rows, expected ", N);
   const at::Tensor xf = as_f32_rows(x);
   at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
   const float* xp = xf.data_ptr<float>();
@@ -266,6 +279,35 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
         v.dense_f32(xp, M, K, weight.data_ptr<float>(), N, op, n0, n1);
       else
         v.dense_bf16(xp, M, K, reinterpret_cast<const uint16_t*>(weight.data_ptr<at::BFloat16>()), N, op, n0, n1);
+    });
+  } else if (format > FORMAT_Q4_1) {
+    const int block = (int)format - PACKED;
+    TORCH_CHECK(v.packs, "specframe_kernels::linear: weights repacked for AVX-512 cannot run on the '", v.name,
+                "' kernels; load the model again after select_variant");
+    TORCH_CHECK(K % 32 == 0 && weight.scalar_type() == at::kByte, "specframe_kernels::linear: repacked weights "
+                "need in_features % 32 == 0 and uint8 data");
+    const int64_t blocks = K / 32, pairs = (blocks + 1) / 2, groups = (N + 3) / 4;
+    TORCH_CHECK(weight.size(0) == groups && weight.size(1) == pairs * packed_pair_bytes(block),
+                "specframe_kernels::linear: repacked weight is ", weight.sizes(), ", expected [", groups, ", ",
+                pairs * packed_pair_bytes(block), "] for ", N, "x", K);
+    std::vector<int8_t> qx(M * K);
+    std::vector<float> dx(M * blocks), sx(M * blocks);
+    v.quantize_rows(xp, M, K, qx.data(), dx.data(), sx.data());
+    // the activations in the repacked order: per pair of blocks x0[0:16] x1[0:16] x0[16:32] x1[16:32], the
+    // scales as 16 lanes (d0 x4, d1 x4, d0 x4, d1 x4), d x sums as (d0 s0, d1 s1); a lone last block pairs with zeros
+    std::vector<int8_t> qp(M * pairs * 64, 0);
+    std::vector<float> d16(M * pairs * 16, 0.0f), s2(M * pairs * 2, 0.0f);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t p = b / 2, t = b % 2, at = (m * pairs + p);
+        std::memcpy(&qp[at * 64 + 16 * t], &qx[m * K + b * 32], 16);
+        std::memcpy(&qp[at * 64 + 32 + 16 * t], &qx[m * K + b * 32 + 16], 16);
+        for (int lane = 0; lane < 4; ++lane) d16[at * 16 + 4 * t + lane] = d16[at * 16 + 8 + 4 * t + lane] = dx[m * blocks + b];
+        s2[at * 2 + t] = sx[m * blocks + b];
+      }
+    const uint8_t* wp = weight.data_ptr<uint8_t>();
+    at::parallel_for(0, groups, grain(4 * M * K / 4), [&](int64_t g0, int64_t g1) {
+      v.packed_linear(block, qp.data(), d16.data(), s2.data(), M, pairs, wp, N, op, g0, g1);
     });
   } else {
     TORCH_CHECK(K % 32 == 0, "specframe_kernels::linear: block-quantized weights need in_features % 32 == 0, got ", K);
@@ -331,6 +373,8 @@ std::vector<std::string> variant_names() {
 
 std::string current_variant() { return variant().name; }
 
+bool variant_packs() { return variant().packs; }
+
 void select_variant(const std::string& name) {
   for (int index : supported())
     if (name == VARIANTS[index].name) {
@@ -356,4 +400,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("variants", &variant_names, "The kernel variants this CPU can run, best last.");
   module.def("variant", &current_variant, "The variant in use.");
   module.def("select_variant", &select_variant, "Use another variant this CPU can run (tests compare them).");
+  module.def("packs", &variant_packs, "Whether the variant in use runs repacked block formats (AVX-512).");
 }
