@@ -84,12 +84,19 @@ def weight_bytes(model: Any) -> int:
 def streamed_bytes(model: Any) -> int:
     """Bytes a 1-row call must stream: the weights less the input embedding (a call reads one row of it).
 
-    With tied embeddings the table is the output layer too, and is streamed.
+    With tied embeddings the table is the output layer too, and is streamed. Projections that run as blocks
+    (``--quant``, or a checkpoint converted with ``--quant``) count the bytes the kernel reads, not the float
+    copy the network keeps for training and export.
     """
     total = weight_bytes(model)
     if model.network.head is not None:
         embed = model.network.body.embed_tokens.weight
         total -= embed.numel() * embed.element_size()
+    w = model.inference.weights
+    for projection in [getattr(x, n) for x in w.layers for n in ("qkv", "o", "gate_up", "down")] + [w.head]:
+        data = getattr(projection, "data", None)
+        if data is not None and data.dtype == torch.uint8:  # blocks: the kernel streams these instead
+            total += data.numel() - projection.weight.numel() * projection.weight.element_size()
     return total
 
 
@@ -474,8 +481,13 @@ def render(result: dict[str, Any]) -> str:
         f"prepacked: {result['prepacked']}); weight-streaming floor {f['floor_ms']:.3f} ms (fastest 1-row product "
         f"over as many bytes; median {f['floor_ms_median']:.3f}); copy bandwidth {f['copy_gb_s']:.1f} GB/s",
         f"- streamed floor {f['streamed_floor_ms']:.3f} ms: the same over the {result['streamed_bytes'] / 2**20:.1f} "
-        "MiB a 1-row call must read (the weights less the input embedding, of which a call reads one row)",
+        "MiB a 1-row call must read (the weights less the input embedding, of which a call reads one row); "
+        f"at the copy bandwidth those bytes take {result['streamed_bytes'] / (f['copy_gb_s'] * 1e6):.3f} ms "
+        "(the read floor)",
     ]
+    if result.get("kernels"):
+        k = result["kernels"]
+        lines.append(f"- kernels: {k['kernels']} (weights {', '.join(k['weights'])}; invariant: {k['invariant']})")
     if result.get("compile_seconds") is not None:
         lines.append(
             f"- compiled path: {result['graphs']} graph(s) for every row count, compiled (or loaded from "
@@ -537,6 +549,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", help="bundled model name, folder or Hub id (default: nemotron-stdlib-tiny)")
     parser.add_argument("--dtype", help="default: float32 on the CPU, the checkpoint's dtype on a GPU")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quant", choices=("q8_0", "q4_0", "q4_1"), help="quantize the projections at load")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per generation method")
     parser.add_argument("--call-repeats", type=int, default=15, help="timed calls per row count")
@@ -572,7 +585,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     """Measure everything; the result holds the figures and the rendered report (``text``)."""
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = load_model(args.model, dtype=args.dtype, device=args.device, quant=args.quant)
     model.check_inputs = False
     compose({"model": model, "schedule": "ar", "threads": args.threads})  # applies the thread policy
     widths = [int(w) for w in args.widths.split(",")]
@@ -609,6 +622,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "compile_seconds": compile_seconds,
         "graphs": None if model.compiled is None else model.compiled.compiled_graphs(),
         "prepacked": any(type(x.qkv).__name__ == "Prepacked" for x in model.inference.weights.layers),
+        "kernels": model.kernel_report() if hasattr(model, "kernel_report") else None,
         "fixed_shapes": fixed,
     }
     result["text"] = render(result)

@@ -152,44 +152,65 @@ void attend(const float* q, int64_t H, int64_t D, const T* keys, const T* values
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 namespace avx2 {
+#define SF_BF16 0
 #define SF_WIDE 0
 #define SF_VNNI 0
 #include "simd.inc"
 #undef SF_WIDE
 #undef SF_VNNI
+#undef SF_BF16
 }  // namespace avx2
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avxvnni")
 namespace avxvnni {
+#define SF_BF16 0
 #define SF_WIDE 0
 #define SF_VNNI 2
 #include "simd.inc"
 #undef SF_WIDE
 #undef SF_VNNI
+#undef SF_BF16
 }  // namespace avxvnni
 #pragma GCC pop_options
 
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
 namespace avx512 {
+#define SF_BF16 0
 #define SF_WIDE 1
 #define SF_VNNI 0
 #include "simd.inc"
 #undef SF_WIDE
 #undef SF_VNNI
+#undef SF_BF16
 }  // namespace avx512
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
-namespace avx512vnni {
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")
+namespace avx512bf16 {
+#define SF_BF16 1
 #define SF_WIDE 1
 #define SF_VNNI 1
 #include "simd.inc"
 #undef SF_WIDE
 #undef SF_VNNI
+#undef SF_BF16
+}  // namespace avx512bf16
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+namespace avx512vnni {
+#define SF_BF16 0
+#define SF_WIDE 1
+#define SF_VNNI 1
+#include "simd.inc"
+#undef SF_WIDE
+#undef SF_VNNI
+#undef SF_BF16
 }  // namespace avx512vnni
 #pragma GCC pop_options
 
@@ -224,6 +245,7 @@ const Variant VARIANTS[] = {
     SF_VARIANT(avxvnni, "avx2+avxvnni", false),
     SF_VARIANT(avx512, "avx512", true),
     SF_VARIANT(avx512vnni, "avx512+vnni", true),
+    SF_VARIANT(avx512bf16, "avx512+vnni+bf16", true),
 };
 
 // The variants this CPU (and its OS, which must save the wide registers) can run, best last.
@@ -238,7 +260,10 @@ std::vector<int> supported() {
                       __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
   if (avx512) {
     out.push_back(3);
-    if (__builtin_cpu_supports("avx512vnni")) out.push_back(4);
+    if (__builtin_cpu_supports("avx512vnni")) {
+      out.push_back(4);
+      if (__builtin_cpu_supports("avx512bf16")) out.push_back(5);
+    }
   }
   return out;
 }
