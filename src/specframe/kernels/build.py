@@ -2,13 +2,17 @@
 
 The kernels are one C++ file (``csrc/kernels.cpp`` with its SIMD variants in ``csrc/simd.inc``), compiled by
 ``torch.utils.cpp_extension.load`` the first time a process needs them and cached under
-``<cache_dir>/kernels/<digest>`` (the digest covers the sources, torch's version and the compiler), so later
-processes load the built library in milliseconds. This is torch's own extension route: it needs a C++
-compiler and ``ninja`` (a PyPI package, installed with specframe), and nothing at install time, so
-``pip install`` stays pure Python. Where the build cannot happen (no compiler, a failed build, not x86-64
-Linux), :func:`load` returns ``None``, prints one line saying what is missing and what to install, and
-:func:`unavailable_reason` keeps that line; models then run torch's kernels, which are not row-invariant.
-``SPECFRAME_KERNELS=0`` chooses torch's kernels without building anything (read when a model is loaded).
+``$SPECFRAME_KERNELS_DIR/<digest>`` (default ``~/.cache/specframe/kernels``, or under ``$XDG_CACHE_HOME``; the
+digest covers the sources, torch's version, Python and the compiler), so later processes load the built
+library in milliseconds. The folder is not ``$SPECFRAME_CACHE_DIR``: what is built there depends on nothing
+else a cache folder holds, and a build takes a minute, so processes that move their cache keep sharing it.
+
+This is torch's own extension route: it needs a C++ compiler and ``ninja`` (a PyPI package, installed with
+specframe), and nothing at install time, so ``pip install`` stays pure Python. Where the build cannot happen
+(no compiler, a failed build, not x86-64 Linux), :func:`load` returns ``None``, prints one line saying what is
+missing and what to install, and :func:`unavailable_reason` keeps that line; models then run torch's kernels,
+which are not row-invariant. ``SPECFRAME_KERNELS=0`` chooses torch's kernels without building anything
+(read when a model is loaded).
 """
 
 from __future__ import annotations
@@ -23,8 +27,6 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
-
-from specframe.paths import cache_dir
 
 SWITCH = "SPECFRAME_KERNELS"
 """The environment variable that turns specframe's own kernels off (``0``) for models loaded afterwards."""
@@ -66,7 +68,7 @@ def load() -> ModuleType | None:
 
     cxx = str(compiler())
     digest = _digest(cxx)
-    folder = cache_dir() / "kernels" / digest
+    folder = build_root() / digest
     try:
         folder.mkdir(parents=True, exist_ok=True)
         if not (folder / f"specframe_kernels_{digest}.so").exists():
@@ -85,6 +87,14 @@ def load() -> ModuleType | None:
         _fall_back()
         return None
     return module
+
+
+def build_root() -> Path:
+    """Where built kernels are kept: ``$SPECFRAME_KERNELS_DIR``, else ``<XDG cache or ~/.cache>/specframe/kernels``."""
+    explicit = os.environ.get("SPECFRAME_KERNELS_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specframe" / "kernels"
 
 
 def _missing() -> str | None:
