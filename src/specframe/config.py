@@ -390,16 +390,9 @@ def _load(cfg: DecoderConfig) -> ModelBackend:
         if cfg.adapter and not cfg.model.has_adapter:
             raise ConfigError("adapter=True but the given model was loaded without its adapter")
         return cfg.model
-    from specframe.models import load_model
+    from specframe.models.loading import load_configured
 
-    return load_model(
-        cfg.model,
-        device=cfg.device or "cpu",
-        dtype=cfg.dtype,
-        revision=cfg.revision,
-        adapter=cfg.adapter,
-        quant=cfg.quant,
-    )
+    return load_configured(cfg)
 
 
 def enable_compiled(model: ModelBackend) -> None:

@@ -351,16 +351,9 @@ def check_prompt_lengths(model: ModelBackend, settings: BenchSettings, examples:
 
 
 def _load_model(settings: BenchSettings) -> ModelBackend:
-    from specframe.models import load_model
+    from specframe.models.loading import load_configured
 
-    return load_model(
-        settings.model,
-        device=settings.device or "cpu",
-        dtype=settings.dtype,
-        revision=settings.revision,
-        adapter=settings.adapter,
-        quant=settings.quant,
-    )
+    return load_configured(settings)
 
 
 def _warm_up(decoders: Mapping[Method, Decoder], chosen: list[Example], settings: BenchSettings) -> None:

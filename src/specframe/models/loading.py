@@ -239,6 +239,21 @@ def load_model(
     return model
 
 
+def load_configured(settings: Any) -> ModelBackend:
+    """:func:`load_model` with the loading settings an object carries (a decoder config, bench settings).
+
+    ``settings`` has ``model``, ``device``, ``dtype``, ``revision``, ``adapter`` and ``quant`` attributes.
+    """
+    return load_model(
+        settings.model,
+        device=settings.device or "cpu",
+        dtype=settings.dtype,
+        revision=settings.revision,
+        adapter=settings.adapter,
+        quant=settings.quant,
+    )
+
+
 def attach_drafter(adapter: Path | None, model: Path, name: str = "linear_spec_lora") -> None:
     """Make ``adapter`` the drafter of the checkpoint ``model``: copied to ``model/name`` and declared in config.json.
 
