@@ -55,7 +55,7 @@ from specframe.models import load_model
 from specframe.models.base import ModelCall
 from specframe.models.hub import resolve_source
 
-CALL_ROWS = (1, 2, 4, 10, 18, 34)
+CALL_ROWS = (1, 2, 4, 6, 10, 18, 34)
 CONTEXT = 128
 PROMPT = "def fibonacci(n):\n    "
 
