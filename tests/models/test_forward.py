@@ -361,3 +361,28 @@ def test_compiled_graphs_follow_an_edit_first_seen_by_forward_many(nemotron_dir,
     after = _two_calls(model)[1]
     assert model.compiled.graph_calls == 2  # a new graph, on the new weights
     torch.testing.assert_close(after, _reference(model)[1], rtol=1e-4, atol=1e-4)
+
+
+def test_bfloat16_is_never_prepacked_where_onednn_cannot(monkeypatch, setdlm_dir):
+    """oneDNN packs bfloat16 only with AVX-512; on an AVX2-only CPU its reorder raised at load."""
+    from specframe.models import cpu
+
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not cpu.prepack_allowed(1 << 20, torch.device("cpu"), torch.bfloat16)
+    assert cpu.prepack_allowed(1 << 20, torch.device("cpu"), torch.float32) == cpu.onednn_available()
+    monkeypatch.setenv(kernels.SWITCH, "0")
+    model = load_model(setdlm_dir, dtype="bfloat16")
+    assert {type(layer.qkv) for layer in model.inference.weights.layers} == {Linear}
+
+
+def test_cpu_tuning_off_at_load_packs_nothing(monkeypatch, nemotron_dir):
+    """cpu_tuning=False reaches the backend before any weight is packed (it used to be applied afterwards)."""
+    from specframe.models import cpu
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a weight was packed although cpu_tuning=False")
+
+    monkeypatch.setattr(cpu.Prepacked, "__init__", refuse)
+    monkeypatch.setattr(cpu.InvariantLinear, "__init__", refuse)
+    model = load_model(nemotron_dir, dtype="float32", cpu_tuning=False)
+    assert not model.cpu_tuning and model.kernel_report()["kernels"] == "torch"
