@@ -15,7 +15,9 @@ Weights are built once at load: each layer's q/k/v and gate/up matrices are fuse
 (:func:`fuse`; the network's own parameters become views of it, so nothing is held twice, training and export
 still see the checkpoint's tensors, and in-place edits reach the fused matrix). A projection is an object
 called on ``[R, in]`` rows; the kernel is chosen by swapping that object (:class:`Linear` by default, the CPU
-kernels of :mod:`specframe.models.cpu` where they pay, their graph-friendly forms in compiled graphs).
+kernels of :mod:`specframe.models.cpu` where they apply, their graph-friendly forms in compiled graphs). With
+specframe's row-invariant kernels (``Weights.invariant``) attention is their operator too, each request's rows
+over its own cache, so every row's logits are bitwise what a one-row call gives it.
 """
 
 from __future__ import annotations
