@@ -8,7 +8,8 @@
 
 Operators (``torch.ops.specframe_kernels``): ``linear(x, weight, format, out_features)`` over float32,
 bfloat16, Q8_0, Q4_0 and Q4_1 weights (:mod:`specframe.kernels.quant`), and ``attention(q, keys, values,
-visible, scale)``, where each (row, head) reduces over its visible keys in key order. Both are ``torch.library``
+visible, scale)``, where each (row, head) reduces over its visible keys in key order, and
+``rms_norm(x, weight, eps)``, each row alone. All are ``torch.library``
 operators, so compiled graphs call them too. They are built on first use (:mod:`specframe.kernels.build`);
 where they cannot be, :func:`unavailable_reason` says why and models run torch's kernels.
 """
@@ -49,6 +50,7 @@ def available() -> bool:
         return False
     torch.library.register_fake("specframe_kernels::linear")(_linear_shape)
     torch.library.register_fake("specframe_kernels::attention")(_attention_shape)
+    torch.library.register_fake("specframe_kernels::rms_norm")(_norm_shape)
     return True
 
 
@@ -60,6 +62,10 @@ def _attention_shape(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float
 ) -> torch.Tensor:
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
+
+
+def _norm_shape(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x)
 
 
 def variant() -> str | None:

@@ -240,7 +240,9 @@ def step(
 
 
 def _norm(w: Weights, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """RMSNorm over the last axis (in float32 for half precision)."""
+    """RMSNorm over the last axis (in float32 for half precision; rows by the invariant kernel where it runs)."""
+    if w.invariant and x.dim() == 2:
+        return torch.ops.specframe_kernels.rms_norm(x, weight, w.eps)
     wide = x.float() if w.wide else x
     wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + w.eps)
     return weight * (wide.to(x.dtype) if w.wide else wide)

@@ -390,6 +390,42 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   return q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type());
 }
 
+// RMSNorm of each row alone: the sum of squares in index order (float32), then weight * (x / rms); bfloat16
+// rows are rounded as torch rounds them (the normalised row, then its product with the weight).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1),
+              "specframe_kernels::rms_norm: x must be [rows, size] and weight [size], got ", x.sizes(), " and ",
+              weight.sizes());
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type() &&
+                  (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
+              "specframe_kernels::rms_norm: x and weight must both be float32 or both bfloat16");
+  const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
+  at::Tensor out = at::empty_like(xc);
+  const int64_t R = xc.size(0), H = xc.size(1);
+  const bool half = x.scalar_type() == at::kBFloat16;
+  at::parallel_for(0, R, grain(4 * H), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      float squares = 0.0f;
+      if (half) {
+        const at::BFloat16* row = xc.data_ptr<at::BFloat16>() + r * H;
+        for (int64_t h = 0; h < H; ++h) squares += float(row[h]) * float(row[h]);
+        const float inverse = 1.0f / std::sqrt(squares / (float)H + (float)eps);
+        at::BFloat16* o = out.data_ptr<at::BFloat16>() + r * H;
+        const at::BFloat16* w = wc.data_ptr<at::BFloat16>();
+        for (int64_t h = 0; h < H; ++h) o[h] = at::BFloat16(float(w[h]) * float(at::BFloat16(float(row[h]) * inverse)));
+      } else {
+        const float* row = xc.data_ptr<float>() + r * H;
+        for (int64_t h = 0; h < H; ++h) squares += row[h] * row[h];
+        const float inverse = 1.0f / std::sqrt(squares / (float)H + (float)eps);
+        float* o = out.data_ptr<float>() + r * H;
+        const float* w = wc.data_ptr<float>();
+        for (int64_t h = 0; h < H; ++h) o[h] = w[h] * (row[h] * inverse);
+      }
+    }
+  });
+  return out;
+}
+
 std::vector<std::string> variant_names() {
   std::vector<std::string> out;
   for (int index : supported()) out.emplace_back(VARIANTS[index].name);
@@ -414,11 +450,13 @@ void select_variant(const std::string& name) {
 TORCH_LIBRARY(specframe_kernels, m) {
   m.def("linear(Tensor x, Tensor weight, int format, int out_features) -> Tensor");
   m.def("attention(Tensor q, Tensor keys, Tensor values, Tensor visible, float scale) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specframe_kernels, CPU, m) {
   m.impl("linear", &linear);
   m.impl("attention", &attention);
+  m.impl("rms_norm", &rms_norm);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
