@@ -181,16 +181,16 @@ class _Invariant:
 
     def __init__(self, quant: str | None) -> None:
         self.quant = quant
-        self._made: dict[tuple[int, int], torch.Tensor] = {}
+        self._made: dict[int, tuple[int, torch.Tensor]] = {}  # data pointer -> (version quantized, blocks)
 
     def __call__(self, weight: torch.Tensor, blocks: Blocks | None = None) -> Linear:
         if blocks is not None:
             return InvariantLinear(weight, blocks[0], blocks[1])
         if self.quant is not None and weight.shape[1] % kernels.quant.BLOCK == 0:
-            key = (weight.data_ptr(), weight._version)
-            if key not in self._made:
-                self._made[key] = kernels.quantize(weight, self.quant)
-            return InvariantLinear(weight, self.quant, self._made[key])
+            made = self._made.get(weight.data_ptr())
+            if made is None or made[0] != weight._version:  # new, or edited in place since: quantize again
+                made = self._made[weight.data_ptr()] = (weight._version, kernels.quantize(weight, self.quant))
+            return InvariantLinear(weight, self.quant, made[1])
         fmt = "f32" if weight.dtype == torch.float32 else "bf16"
         return InvariantLinear(weight, fmt, weight.detach())
 
