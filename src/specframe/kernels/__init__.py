@@ -9,7 +9,8 @@
 Operators (``torch.ops.specframe_kernels``): ``linear(x, weight, format, out_features)`` over float32,
 bfloat16, Q8_0, Q4_0 and Q4_1 weights (:mod:`specframe.kernels.quant`), and ``attention(q, keys, values,
 visible, scale)``, where each (row, head) reduces over its visible keys in key order, and
-``rms_norm(x, weight, eps)``, each row alone. All are ``torch.library``
+``rms_norm(x, weight, eps)``, ``silu_mul(gate_up)`` and ``rope(x, cos, sin)``, each row alone. All are
+``torch.library``
 operators, so compiled graphs call them too. They are built on first use (:mod:`specframe.kernels.build`);
 where they cannot be, :func:`unavailable_reason` says why and models run torch's kernels.
 """
@@ -51,6 +52,8 @@ def available() -> bool:
     torch.library.register_fake("specframe_kernels::linear")(_linear_shape)
     torch.library.register_fake("specframe_kernels::attention")(_attention_shape)
     torch.library.register_fake("specframe_kernels::rms_norm")(_norm_shape)
+    torch.library.register_fake("specframe_kernels::silu_mul")(_silu_mul_shape)
+    torch.library.register_fake("specframe_kernels::rope")(_rope_shape)
     return True
 
 
@@ -65,6 +68,14 @@ def _attention_shape(
 
 
 def _norm_shape(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _silu_mul_shape(gate_up: torch.Tensor) -> torch.Tensor:
+    return gate_up.new_empty(gate_up.shape[0], gate_up.shape[1] // 2)
+
+
+def _rope_shape(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 

@@ -233,7 +233,10 @@ def step(
         x = x + _attention(w, layer, index, attention_input, cos, sin, scale, segments, adapter_rows, padded)
         gate_up = layer.gate_up(_norm(w, x, layer.post_norm))
         inner = gate_up.shape[1] // 2
-        x = x + layer.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
+        if w.invariant:
+            x = x + layer.down(torch.ops.specframe_kernels.silu_mul(gate_up))
+        else:
+            x = x + layer.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
     if output_rows is not None:
         x = x.index_select(0, output_rows)
     return _norm(w, x, w.final_norm)
@@ -266,7 +269,10 @@ def _attention(
     qk = qkv[:, : h + kv]
     if layer.qk_norm is not None:
         qk = _norm(w, qk, layer.qk_norm)
-    qk = torch.addcmul(qk * cos, torch.cat([qk[..., half:], qk[..., :half]], dim=-1), sin)
+    if w.invariant:
+        qk = torch.ops.specframe_kernels.rope(qk, cos, sin)
+    else:
+        qk = torch.addcmul(qk * cos, torch.cat([qk[..., half:], qk[..., :half]], dim=-1), sin)
     q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
     if scale is not None:
         q = q * scale[:, None, None]

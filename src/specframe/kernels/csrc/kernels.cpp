@@ -144,6 +144,14 @@ void attend(const float* q, int64_t H, int64_t D, const T* keys, const T* values
   }
 }
 
+void silu_mul_rows(const float* g, int64_t R, int64_t I, float* out) {
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < I; ++i) {
+      const float x = g[r * 2 * I + i];
+      out[r * I + i] = x / (1.0f + std::exp(-x)) * g[r * 2 * I + I + i];
+    }
+}
+
 }  // namespace portable
 
 }  // namespace
@@ -226,6 +234,7 @@ struct Variant {
   void (*packed_linear)(int, const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, int64_t,
                         float*, int64_t, int64_t);
   bool packs;
+  void (*silu_mul_rows)(const float*, int64_t, int64_t, float*);
   void (*attend_f32)(const float*, int64_t, int64_t, const float*, const float*, int64_t, int64_t, const bool*, int64_t,
                      float, float*, int64_t, int64_t);
   void (*attend_bf16)(const float*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, const bool*,
@@ -235,12 +244,12 @@ struct Variant {
 #define SF_VARIANT(ns, label, wide)                                                                                \
   Variant {                                                                                                          \
     label, ns::dense_f32, ns::dense_bf16, ns::quantize_rows, ns::quant_linear, ns::packed_linear, wide,             \
-        ns::attend_f32, ns::attend_bf16                                                                            \
+        ns::silu_mul_rows, ns::attend_f32, ns::attend_bf16                                                         \
   }
 
 const Variant VARIANTS[] = {
     {"portable", portable::dense<float>, portable::dense<uint16_t>, portable::quantize_rows, portable::quant_linear,
-     avx2::packed_linear, false, portable::attend<float>, portable::attend<uint16_t>},
+     avx2::packed_linear, false, portable::silu_mul_rows, portable::attend<float>, portable::attend<uint16_t>},
     SF_VARIANT(avx2, "avx2", false),
     SF_VARIANT(avxvnni, "avx2+avxvnni", false),
     SF_VARIANT(avx512, "avx512", true),
@@ -426,6 +435,46 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// SiLU(gate) x up for [rows, 2I] rows of gate then up: each element alone (see simd.inc).
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "specframe_kernels::silu_mul: gate_up must be "
+              "[rows, 2 * inner], got ", gate_up.sizes());
+  const at::Tensor g = as_f32_rows(gate_up);
+  const int64_t R = g.size(0), I = g.size(1) / 2;
+  at::Tensor out = at::empty({R, I}, g.options());
+  const Variant& v = variant();
+  at::parallel_for(0, R, grain(4 * I), [&](int64_t r0, int64_t r1) {
+    v.silu_mul_rows(g.data_ptr<float>() + r0 * 2 * I, r1 - r0, I, out.data_ptr<float>() + r0 * I);
+  });
+  return gate_up.scalar_type() == at::kFloat ? out : out.to(gate_up.scalar_type());
+}
+
+// Rotary embedding of [rows, heads, dim] by [rows, dim] cos and signed sin: x cos + rotate_half(x) sin, each
+// element by a multiply, a multiply and an add (float32 for bfloat16 rows, rounded once).
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0, "specframe_kernels::rope: x must be [rows, heads, even dim]");
+  const int64_t R = x.size(0), H = x.size(1), D = x.size(2), half = D / 2;
+  TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D, "specframe_kernels::rope: cos and sin must hold "
+              "[rows, dim] values");
+  const at::Tensor xf = as_f32_rows(x), c = as_f32_rows(cos.reshape({R, D})), s = as_f32_rows(sin.reshape({R, D}));
+  at::Tensor out = at::empty({R, H, D}, xf.options());
+  const float *xp = xf.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, R * H, grain(4 * D), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t r = t / H;
+      const float *row = xp + t * D, *cr = cp + r * D, *sr = sp + r * D;
+      float* o = op + t * D;
+      for (int64_t i = 0; i < D; ++i) {
+        const float turned = i < half ? row[i + half] : row[i - half];
+        const float a = row[i] * cr[i], b = turned * sr[i];
+        o[i] = a + b;
+      }
+    }
+  });
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
 std::vector<std::string> variant_names() {
   std::vector<std::string> out;
   for (int index : supported()) out.emplace_back(VARIANTS[index].name);
@@ -451,12 +500,16 @@ TORCH_LIBRARY(specframe_kernels, m) {
   m.def("linear(Tensor x, Tensor weight, int format, int out_features) -> Tensor");
   m.def("attention(Tensor q, Tensor keys, Tensor values, Tensor visible, float scale) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def("silu_mul(Tensor gate_up) -> Tensor");
+  m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specframe_kernels, CPU, m) {
   m.impl("linear", &linear);
   m.impl("attention", &attention);
   m.impl("rms_norm", &rms_norm);
+  m.impl("silu_mul", &silu_mul);
+  m.impl("rope", &rope);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
