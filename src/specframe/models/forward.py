@@ -231,12 +231,7 @@ def step(
     for index, layer in enumerate(w.layers):
         attention_input = _norm(w, x, layer.input_norm)
         x = x + _attention(w, layer, index, attention_input, cos, sin, scale, segments, adapter_rows, padded)
-        gate_up = layer.gate_up(_norm(w, x, layer.post_norm))
-        inner = gate_up.shape[1] // 2
-        if w.invariant:
-            x = x + layer.down(torch.ops.specframe_kernels.silu_mul(gate_up))
-        else:
-            x = x + layer.down(F.silu(gate_up[:, :inner]) * gate_up[:, inner:])
+        x = x + layer.down(_silu_mul(w, layer.gate_up(_norm(w, x, layer.post_norm))))
     if output_rows is not None:
         x = x.index_select(0, output_rows)
     return _norm(w, x, w.final_norm)
@@ -249,6 +244,22 @@ def _norm(w: Weights, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     wide = x.float() if w.wide else x
     wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + w.eps)
     return weight * (wide.to(x.dtype) if w.wide else wide)
+
+
+def _silu_mul(w: Weights, gate_up: torch.Tensor) -> torch.Tensor:
+    """SiLU(gate) x up of ``[R, 2 inner]`` rows (rows by the invariant kernel where it runs)."""
+    if w.invariant:
+        return torch.ops.specframe_kernels.silu_mul(gate_up)
+    inner = gate_up.shape[1] // 2
+    return F.silu(gate_up[:, :inner]) * gate_up[:, inner:]
+
+
+def _rope(w: Weights, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding of ``[R, heads, dim]`` by cos and signed sin (rows by the invariant kernel where it runs)."""
+    if w.invariant:
+        return torch.ops.specframe_kernels.rope(qk, cos, sin)
+    half = qk.shape[-1] // 2
+    return torch.addcmul(qk * cos, torch.cat([qk[..., half:], qk[..., :half]], dim=-1), sin)
 
 
 def _attention(
@@ -264,15 +275,12 @@ def _attention(
     padded: Padded | None = None,
 ) -> torch.Tensor:
     h, kv, d = w.heads, w.kv_heads, w.head_dim
-    rows, half = x.shape[0], d // 2
+    rows = x.shape[0]
     qkv = layer.qkv(x).view(rows, h + 2 * kv, d)
     qk = qkv[:, : h + kv]
     if layer.qk_norm is not None:
         qk = _norm(w, qk, layer.qk_norm)
-    if w.invariant:
-        qk = torch.ops.specframe_kernels.rope(qk, cos, sin)
-    else:
-        qk = torch.addcmul(qk * cos, torch.cat([qk[..., half:], qk[..., :half]], dim=-1), sin)
+    qk = _rope(w, qk, cos, sin)
     q, k, v = qk[:, :h], qk[:, h:], qkv[:, h + kv :]
     if scale is not None:
         q = q * scale[:, None, None]
@@ -315,18 +323,16 @@ def _attend(
     """
     kv, d = w.kv_heads, w.head_dim
     rows, group, span = q.shape[0], w.heads // kv, mask.shape[1]
-    if mask.dtype == torch.bool:  # the invariant kernel: each (row, head) over its visible keys in key order
-        if isinstance(slots, slice):
-            keys[index, slots] = k
-            values[index, slots] = v
-        else:
-            at = (torch.full_like(slots, index), slots)
-            keys.index_put_(at, k)
-            values.index_put_(at, v)
-        return torch.ops.specframe_kernels.attention(q, keys[index], values[index], mask, d**-0.5)
-    if isinstance(slots, slice):  # eager: consecutive rows, one copy each, one attention kernel
+    if isinstance(slots, slice):  # eager: consecutive rows, one copy each
         keys[index, slots] = k
         values[index, slots] = v
+    else:  # indexed on the cache itself: through a view of it, a graph would copy the whole cache every layer
+        at = (torch.full_like(slots, index), slots)
+        keys.index_put_(at, k)
+        values.index_put_(at, v)
+    if mask.dtype == torch.bool:  # the invariant kernel: each (row, head) over its visible keys in key order
+        return torch.ops.specframe_kernels.attention(q, keys[index], values[index], mask, d**-0.5)
+    if isinstance(slots, slice):  # eager: one attention kernel
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
             keys[index, :span].transpose(0, 1)[None],
@@ -335,9 +341,6 @@ def _attend(
             enable_gqa=group > 1,
         )
         return out[0].transpose(0, 1).reshape(rows, w.heads * d)
-    at = (torch.full_like(slots, index), slots)  # indexed on the cache itself: through a view of it, a graph
-    keys.index_put_(at, k)  # would copy the whole cache for every layer
-    values.index_put_(at, v)
     cached_k = keys[index].narrow(0, 0, span).transpose(0, 1)  # [kv, span, d]
     cached_v = values[index].narrow(0, 0, span).transpose(0, 1)
     grouped = _copy(q.transpose(0, 1)).view(kv, group * rows, d) * d**-0.5  # heads h = kv x group
