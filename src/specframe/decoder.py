@@ -16,7 +16,6 @@ requests' calls into one forward, see :mod:`specframe.batching`) drive the same 
 
 from __future__ import annotations
 
-import copy
 import functools
 import operator
 import time
@@ -293,19 +292,36 @@ class Decoder:
         max_new_tokens: int | None = None,
         seed: int | None = None,
         width: int | None = None,
-        schedule: Schedule | None = None,
     ) -> Stepper:
         """One request as a :class:`Stepper`, to drive one model call at a time from outside.
 
         Arguments as :meth:`generate`, plus ``width`` (the request's speculative width; the decoder's by
-        default) and ``schedule`` (a copy of the decoder's schedule for this request alone, as batches use;
-        the decoder's own by default).
+        default). The request plans with its own copy of the decoder's schedule (:meth:`Schedule.for_request`),
+        so steppers of one decoder can be driven in any interleaving: each gives what its request gives alone.
 
         Raises:
             InputError: As :meth:`generate`.
         """
         state = self._request(prompt, prompt_ids, max_new_tokens, seed, width)
-        return Stepper(self, state, self.schedule if schedule is None else schedule)
+        return Stepper(self, state, self._schedule_for_request())
+
+    def _schedule_for_request(self) -> Schedule:
+        """The decoder's schedule's copy for one request, blamed on the same plugin."""
+        schedule = self.schedule
+        try:
+            copied = schedule.for_request()
+        except Exception as exc:
+            failure = plugin_failure(exc, (schedule,))
+            if failure is None:
+                raise
+            raise failure from exc
+        if not isinstance(copied, Schedule):
+            problem = f"for_request() returned {type(copied).__name__}, not a Schedule"
+            raise contract_error(schedule, "schedule", problem)
+        entry = entry_of(schedule)
+        if entry is not None:
+            remember(copied, entry)
+        return copied
 
     def _batched(
         self,
@@ -331,8 +347,7 @@ class Decoder:
                 states.append(self._request(text, ids, limits[index], seeds[index], widths[index]))
             except InputError as exc:
                 raise InputError(f"request {index}: {exc}") from None
-        schedule = self.schedule
-        steppers = [Stepper(self, state, _copy_of(schedule)) for state in states]
+        steppers = [Stepper(self, state, self._schedule_for_request()) for state in states]
         return batching.run(self.model, steppers, max_batch, self.sync)
 
     def _request(
@@ -358,6 +373,12 @@ class Decoder:
             raise InputError(f"seed {seed_problem(seed)}")
         if width is not None and (as_integer(width) is None or width < 1):
             raise InputError(f"width must be an integer >= 1, got {width!r}")
+        if width is not None and as_integer(width) > self.model.max_positions + 1:
+            context = self.model.max_positions + 1
+            raise InputError(
+                f"width {as_integer(width)} exceeds the model's context of {context} positions: a window can never "
+                f"be wider than that; use a width <= {context}"
+            )
         seed = self.seed if seed is None else as_integer(seed)
         return DecodeState(ids, limit, self._context(seed, self.width if width is None else as_integer(width)))
 
@@ -588,20 +609,6 @@ def _per_request(value: Any, count: int, name: str) -> list[Any]:
     if len(value) != count:
         raise InputError(f"{name} has {len(value)} entries for {count} prompts; give one per prompt")
     return list(value)
-
-
-def _copy_of(schedule: Schedule) -> Schedule:
-    """A shallow copy of ``schedule`` for one request of a batch, blamed on the same plugin.
-
-    One schedule object serves the requests of :meth:`Decoder.generate` one after the other; interleaved
-    requests each get a copy, so that what a schedule keeps on ``self`` between its ``plan`` and ``update``
-    stays the request's own (objects it holds, such as learned statistics, stay shared).
-    """
-    copied = copy.copy(schedule)
-    entry = entry_of(schedule)
-    if entry is not None:
-        remember(copied, entry)
-    return copied
 
 
 def token_id_list(value: Any, name: str) -> list[int]:

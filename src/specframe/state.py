@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -95,10 +94,6 @@ class DecodeState:
         start: The first output position (the prompt's length n).
         end: The last output position the length limit allows (``n + L - 1``).
         width: The width of the call being planned (``ctx.width`` unless a schedule choosing it per call sets it).
-        scratch: A schedule's own per-request state: an empty dict at the start of every request, which the
-            library never reads. One schedule object serves every request of a decoder (and streamed
-            requests may interleave), so a schedule keeps what it must remember between the calls of one
-            request here, under keys of its own (its name, say), never on ``self``.
         pending: Accepted ``(position, token)`` pairs not yet in the KV cache, in acceptance order (what a
             plan hands the next call; the prompt before the first call).
         highest: No accepted output position is higher (an upper bound).
@@ -112,7 +107,6 @@ class DecodeState:
     scores: dict[int, float] = field(default_factory=dict)
     verifications: list[Verification] = field(default_factory=list)
     calls: int = 0
-    scratch: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prompt = tuple(int(t) for t in self.prompt)

@@ -7,6 +7,7 @@ express reaches it as :class:`~specframe.state.LayoutTraits`.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -26,7 +27,15 @@ if TYPE_CHECKING:
 
 
 class Schedule(ABC):
-    """Plans model calls and applies their results."""
+    """Plans model calls and applies their results.
+
+    One schedule object plans one request. The decoder composes a template and gives every request its own
+    :meth:`for_request` copy, so a schedule keeps what it must remember between the calls of a request on
+    ``self``, and requests (interleaved streams, batches, a server's clients) never see each other's. What the
+    requests of a decoder share must be an object the schedule holds on purpose (the built-in ``auto`` width
+    chooser's :class:`~specframe.auto.policy.Learning`), and sharing it may change how fast a request decodes,
+    never what it outputs.
+    """
 
     #: Registered name (for metrics and error messages).
     name: str = ""
@@ -67,6 +76,15 @@ class Schedule(ABC):
             :class:`~specframe.ledger.Guess` of unverified tokens from a lossy schedule (``exact = False``).
             Drafts stored here at positions the verdict resolves are dropped when it is accepted.
         """
+
+    def for_request(self) -> Schedule:
+        """This schedule's planner for one request (the decoder calls it once per request).
+
+        A shallow copy: attributes set on ``self`` while planning a request stay that request's, and objects
+        the template holds are shared by all its requests. Override it where a copy must not share an object
+        (give it a fresh one) or must hold a copy of a wrapped schedule (call its ``for_request``).
+        """
+        return copy.copy(self)
 
     def width_candidates(self, maximum: int) -> tuple[int, ...]:
         """The widths ``width: "auto"`` chooses among for this schedule, up to ``maximum``; 0 is a plain AR call.
