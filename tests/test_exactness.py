@@ -24,7 +24,8 @@ from decoding_helpers import (
 from specframe import batching, compose
 from specframe.acceptance.base import Verdict
 from specframe.errors import ConfigError
-from specframe.ledger import Guess, outcome_pairs
+from specframe.ledger import outcome_pairs
+from specframe.plan import Guess
 from specframe.schedules.base import Schedule
 
 VOCAB = 24

@@ -2,9 +2,11 @@
 
 Requests of one decoder are driven in a random interleaving (hypothesis draws it): streamed requests
 (``Decoder.stream``) advanced a piece at a time, batches (``Decoder.stream_many``) advanced a step at a time,
-and hand-driven steppers, all alive at once. Each request's tokens must be exactly those the same request
-gets alone from a freshly composed decoder, for every schedule (width ``auto`` included, which learns across
-requests), order and acceptance rule, greedy and seeded sampling.
+hand-driven steppers, and served requests (a :class:`~specframe.batching.Batch` stepped as the server's
+engine steps it: requests join between steps, and one more request is cancelled midway), all alive at
+once. Each request's tokens must be exactly those the same request gets alone from a freshly composed
+decoder, for every schedule (width ``auto`` included, which learns across requests), order and acceptance
+rule, greedy and seeded sampling.
 
 ``SPECFRAME_INTERLEAVINGS`` sets how many interleavings are drawn (the issue's target run used 2000).
 """
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 
 from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, SYNTHETIC_COST, eos_ids, tiny_model
 from specframe import compose
+from specframe.batching import Batch
 
 VOCAB = 24
 EOS = VOCAB - 2
@@ -83,7 +86,7 @@ requests = st.lists(
         st.lists(st.integers(0, EOS - 1), min_size=1, max_size=6),
         st.integers(1, 12),
         st.integers(0, 3),
-        st.sampled_from(("stream", "batch", "stepper")),
+        st.sampled_from(("stream", "batch", "stepper", "served")),
     ),
     min_size=2,
     max_size=5,
@@ -106,6 +109,8 @@ class _Driver:
             seeds = [seed for _, (_, _, seed) in members]
             pieces = decoder.stream_many(prompts, max_new_tokens=lengths, seeds=seeds, max_batch=2)
             self._pieces = ((members[i][0], piece) for i, piece in pieces)
+        elif kind == "served":
+            self._pieces = _served(decoder, members)
         else:
             ((index, (prompt, length, seed)),) = members
             self._pieces = _stepped(
@@ -135,6 +140,29 @@ def _stepped(decoder, index, stepper):
     yield index, Done(stepper.result())
 
 
+def _served(decoder, members):
+    """The server engine's way: one Batch, a request joining before each step, a cancelled one among them."""
+
+    class Piece:
+        def __init__(self, generation):
+            self.generation = generation
+
+    batch, waiting = Batch(), list(members)
+    batch.add("cancelled", decoder.stepper(prompt_ids=[1, 2, 3], max_new_tokens=12, seed=7))
+    steps = 0
+    while waiting or len(batch):
+        if waiting:
+            index, (prompt, length, seed) = waiting.pop(0)
+            batch.add(index, decoder.stepper(prompt_ids=prompt, max_new_tokens=length, seed=seed))
+        for progress in batch.step():
+            assert progress.error is None
+            if progress.key != "cancelled":
+                yield progress.key, Piece(progress.generation)
+        steps += 1
+        if steps == 2:
+            batch.remove("cancelled")
+
+
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                         HealthCheck.too_slow])  # fmt: skip
 @given(data=st.data(), index=st.integers(0, len(CONFIGS) - 1), drawn=requests)
@@ -142,12 +170,12 @@ def test_any_interleaving_gives_each_request_its_output_alone(models, data, inde
     family = CONFIGS[index][0]
     with eos_ids(models[family], (EOS,) if data.draw(st.booleans(), label="eos") else ()):
         decoder = compose(_config(models, index))  # one decoder: its schedule's learning is shared by all
-        batch = [(i, (p, n, s)) for i, (p, n, s, kind) in enumerate(drawn) if kind == "batch"]
-        drivers = [
-            _Driver(decoder, kind, [(i, (p, n, s))]) for i, (p, n, s, kind) in enumerate(drawn) if kind != "batch"
-        ]
-        if batch:
-            drivers.append(_Driver(decoder, "batch", batch))
+        drivers = [_Driver(decoder, kind, [(i, (p, n, s))]) for i, (p, n, s, kind) in enumerate(drawn)
+                   if kind in ("stream", "stepper")]  # fmt: skip
+        for kind in ("batch", "served"):
+            members = [(i, (p, n, s)) for i, (p, n, s, k) in enumerate(drawn) if k == kind]
+            if members:
+                drivers.append(_Driver(decoder, kind, members))
         while live := [d for d in drivers if not d.done]:
             live[data.draw(st.integers(0, len(live) - 1), label="advance")].advance()
         outputs = {i: ids for driver in drivers for i, ids in driver.outputs.items()}

@@ -17,21 +17,7 @@ import torch
 
 from specframe.acceptance.base import AcceptanceRule, DraftRef
 from specframe.orders.base import OrderPolicy
-
-
-@dataclass(frozen=True)
-class LayoutTraits:
-    """What a model family's layout can express, in family-free terms.
-
-    Attributes:
-        free_bonus: The verifier scores the position right after a fully drafted window at no extra row
-            (a shifted next-token verifier, e.g. Nemotron's causal rows). When False (a same-position
-            verifier such as SetDLM's mask rows), verification ends at the window's last position.
-        any_order: The verifier can check positions in any order; when False, only left to right.
-    """
-
-    free_bonus: bool
-    any_order: bool
+from specframe.plan import LayoutTraits
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,6 @@ def build_app(
         return json.dumps(value, sort_keys=True)
 
     greedy = DecodeOptions(canonical(schedule), canonical(order), canonical("greedy"), width, ())
-    engine.pool.release(greedy, first)  # the first greedy request with the defaults reuses it
+    engine.decoders.put(greedy, first)  # greedy requests with the defaults decode with it
     name = served_name or model_display_name(backend.name).removesuffix(" (bundled)")
     return create_app(engine, backend, ServerSettings(name, defaults, limits, api_key))
