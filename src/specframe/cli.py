@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from specframe.blame import registered_name
 from specframe.envflags import env_flag
 from specframe.errors import ConfigError, InputError, PluginError, SpecframeError, UnknownPluginError
 from specframe.exactness import inexact_reason
@@ -458,7 +459,7 @@ def run_generate(args: argparse.Namespace) -> int:
         from specframe.models.chat import chat_prompt
 
         prompt = chat_prompt(decoder.model.tokenizer, prompt)
-    inexact = inexact_reason(decoder.rule, decoder.schedule)
+    inexact = inexact_reason(decoder.rule, decoder.schedule, registered_name)
     if args.json:
         report = getattr(decoder.model, "kernel_report", None)
         kernels = {"kernels": report()} if report is not None else {}
