@@ -34,7 +34,15 @@ from specframe import compose, hookspecs
 from specframe.cli import main as cli_main
 from specframe.errors import CheckpointError, ConfigError, PlanError
 from specframe.models.named import NAMED_MODELS
-from specframe.plugins import KINDS, PluginHost, get_host, register_plugin, reset_host, unregister_plugin
+from specframe.plugins import (
+    KINDS,
+    PluginHost,
+    get_host,
+    product_class,
+    register_plugin,
+    reset_host,
+    unregister_plugin,
+)
 from specframe.testing.plugins import torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,6 +178,12 @@ def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
         ("schedule", "verify-only"),
         ("command", "hello"),
     }
+    # Every example rule declares whether it is exact and whether it samples, as the page asks of a rule.
+    docs_rules = [e for e in registry.entries("acceptance_rule") if e.distribution == "docs"]
+    rules = {e.name: e.describe()["exact"] for e in docs_rules}
+    assert rules == {"top20": True, "min-p": True, "argmax": True}
+    samples = {e.name: vars(product_class(e.factory)).get("stochastic") for e in docs_rules}
+    assert samples["argmax"] is False and samples["min-p"] is True
     prompt = [3, 1, 4, 1, 5]
     setdlm = tiny_model("setdlm", tmp_path / "setdlm", vocab=24, seed=2)
     nemotron = tiny_model("nemotron-labs-diffusion", tmp_path / "nemotron", vocab=24, seed=2)
