@@ -460,6 +460,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
         prompt = chat_prompt(decoder.model.tokenizer, prompt)
     inexact = inexact_reason(decoder.rule, decoder.schedule, registered_name)
+    # Width "auto" gets its cost model at first use, calibrating it if this machine has none: here, so that the
+    # seconds of a calibration are not the request's (its wall and non-model time in the summary line).
+    getattr(decoder.schedule, "cost", None)
     if args.json:
         report = getattr(decoder.model, "kernel_report", None)
         kernels = {"kernels": report()} if report is not None else {}
