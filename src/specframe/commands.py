@@ -37,6 +37,7 @@ COMMANDS = (  # name, "module:add_parser", the line of `specframe --help`
     ),
 )
 
+
 @hookimpl
 def register_commands(register: Register) -> None:
     """Register :data:`COMMANDS`."""
