@@ -130,7 +130,7 @@ class AutoSchedule(Schedule):
                     planners[Candidate(schedule.rate_model, width, schedule.name)] = schedule
         if not planners:
             raise ValueError(f"no width of {[s.name for s in self.schedules]} fits a decoder width of {maximum}")
-        self._planners.update(planners)  # shared with a batch's copies: a candidate always has one planner
+        self._planners.update(planners)
         return list(planners)
 
     def describe(self) -> dict[str, object]:
@@ -151,12 +151,16 @@ class AutoSchedule(Schedule):
 
         Interleaved requests never share the policy's per-request state (the candidate that planned a call is
         the one that judges its result); what they share, and when, is :class:`~specframe.auto.policy.Learning`'s
-        rule. Candidates' planners, the rows memo and the cost model are layout and machine facts, shared.
+        rule. The schedules it chooses among are copied for the request too (their ``for_request``); the rows
+        memo and the cost model are layout and machine facts, shared.
         """
         if self._cost_source is not None and self._rows_of_plan is not None:
             _ = self.cost  # got once here, not once per request
         copied = copy.copy(self)
         copied.policy, copied._offsets, copied._ctx = None, {}, None
+        copied.schedules = [schedule.for_request() for schedule in self.schedules]  # each plans this request only
+        own = {id(schedule): mine for schedule, mine in zip(self.schedules, copied.schedules, strict=True)}
+        copied._planners = {candidate: own.get(id(p), p) for candidate, p in self._planners.items()}
         return copied
 
     def label(self) -> str:
@@ -207,10 +211,11 @@ class AutoSchedule(Schedule):
         ctx = state.ctx
         if self._rows_of_plan is None:
             raise RuntimeError("AutoSchedule needs bind(cost, rows) before use; compose() does this")
+        candidates = self.candidates(ctx.width)  # and this request's planner of each
         template = self._policies.get(ctx.width + 1)
         if template is None:
-            template = WidthPolicy(self.candidates(ctx.width), self._row_count, size=ctx.width + 1,
-                                   free_bonus=ctx.traits.free_bonus, k=self.k)  # fmt: skip
+            template = WidthPolicy(candidates, self._row_count, size=ctx.width + 1, free_bonus=ctx.traits.free_bonus,
+                                   k=self.k)  # fmt: skip
             template.bind(self.cost, deterministic=self.deterministic)
             self._policies[ctx.width + 1] = template
         self.policy = template.for_request()
@@ -235,7 +240,7 @@ class AutoSchedule(Schedule):
             proposals = Proposals(torch.zeros(kappa, dtype=torch.long), torch.ones(kappa))
             window = state.window()[:kappa]
             state.set_drafts({p: DraftRef(proposals, i) for i, p in enumerate(window)}, {})
-        return self._planners[candidate].plan(state)
+        return self._planners[candidate].for_request().plan(state)  # a throwaway copy: no request's state
 
 
 def _draft_offsets(state: DecodeState, plan: CallPlan) -> dict[int, tuple[str, int]]:

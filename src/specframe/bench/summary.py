@@ -376,7 +376,7 @@ def _exact(outputs: Mapping[Method, Mapping[Any, Mapping[str, Any]]], method: Me
     return True if said and all(s is True for s in said) else None
 
 
-def _sampled(record: Mapping[str, Any]) -> bool:
+def record_sampled(record: Mapping[str, Any]) -> bool:
     """Whether the record's rule samples (records without the flag: whenever the temperature is not 0)."""
     stochastic = record.get("stochastic")
     return bool(stochastic) if stochastic is not None else record.get("temperature") != 0
@@ -399,7 +399,7 @@ def _agreement(
     mine, theirs = outputs.get(method, {}), outputs.get(base, {})
     keys = sorted(set(mine) & set(theirs))
     both = [(mine[k], theirs[k]) for k in keys]
-    if not keys or any((_sampled(r) and not sampled_too) or "output_ids" not in r for pair in both for r in pair):
+    if not keys or any((record_sampled(r) and not sampled_too) or "output_ids" not in r for pair in both for r in pair):
         return None
     same, first = 0, None
     for key in keys:
