@@ -95,3 +95,21 @@ class _BadPlugin:
     @hookimpl
     def register_schedules(self, register):
         register("bad-copy", _NotASchedule)
+
+
+def test_under_width_auto_the_chosen_schedule_is_copied_per_request_too(model):
+    """Width auto plans with the request's own copy of the plugin schedule, and costs widths on throwaway
+    copies: interleaved streams each count their own calls from 0, and the template plans nothing."""
+    config = {"model": model, "schedule": "counts-calls", "width": "auto", "max_new_tokens": 12}
+    decoder = compose({**config, "cost": {"tau": 0.01, "delta": 0.0}})  # rows free: drafting calls
+    a, b = decoder.stream(prompt_ids=[4, 5]), decoder.stream(prompt_ids=[6, 7, 8])
+    for _ in range(3):
+        next(a), next(b)
+    for stream in (a, b):
+        for _ in stream:
+            pass
+    for prompt in ((4, 5), (6, 7, 8)):
+        counts = [count for seen, count in SEEN if seen == prompt]
+        assert counts == list(range(len(counts))) and len(counts) >= 3
+    assert all(count == 0 for seen, count in SEEN if seen not in ((4, 5), (6, 7, 8)))  # row counting: fresh copies
+    assert decoder.schedule.schedules[0].calls == 0
