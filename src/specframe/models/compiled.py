@@ -221,6 +221,7 @@ class CompiledPath:
         if graph is None:
             self.eager_calls += 1
             return forward.run([(cache, call)])[0]
+        cache.reserve(rows)  # the new rows are staged before the graph writes them, as the eager path does
         adapter_rows = call.adapter_rows
         if adapter_rows is None and forward.has_lora:
             adapter_rows = torch.zeros(rows, dtype=torch.bool, device=self.device)
@@ -245,7 +246,6 @@ class CompiledPath:
             self.direct_calls += 1
         else:  # through dynamo, whose guards may compile a second graph (tests count them)
             outputs = graph(*inputs)
-        cache.reserve(rows)  # the graph wrote the new rows' keys and values after the cached rows
         self.graph_calls += 1
         hidden = outputs[0] if call.output_rows is None else outputs[0].index_select(0, call.output_rows)
         return forward.weights.head(hidden.clone() if self.cuda else hidden)  # CUDA graph outputs are reused
