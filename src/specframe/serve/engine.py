@@ -121,19 +121,29 @@ class StepperBatch:
     :meth:`~specframe.models.base.ModelBackend.forward_many` (each against its own cache: attention never
     crosses requests), and lets each request finish its call. A request's tokens depend only on its own
     calls, so its output is what decoding it alone gives.
+
+    Args:
+        max_rows: The most rows one call of a request that gave a width may have (its prompt call aside): a
+            request whose call would have more ends with a 400 before that call (``None``: no limit). Requests
+            of width ``"auto"`` are not held to it: their choice already weighs the batch's rows.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_rows: int | None = None) -> None:
         self._requests: dict[int, tuple[Stepper, list[int]]] = {}  # key -> (stepper, [output tokens sent])
+        self.max_rows = max_rows
+        self._capped: set[int] = set()  # the requests held to max_rows
 
     def add(self, key: int, decoder: Decoder, job: Job) -> None:
         """Start the request (validation errors are raised here, before any model call)."""
         stepper = decoder.stepper(prompt_ids=job.prompt_ids, max_new_tokens=job.max_tokens, seed=job.seed)
         self._requests[key] = (stepper, [0])
+        if self.max_rows is not None and job.options.width != "auto":
+            self._capped.add(key)
 
     def remove(self, key: int) -> None:
         """Drop the request (its cache goes with it)."""
         self._requests.pop(key, None)
+        self._capped.discard(key)
 
     def step(self) -> list[Progress]:
         """One call of every request; a request's failure ends that request only."""
@@ -142,6 +152,8 @@ class StepperBatch:
         for key, (stepper, _) in list(self._requests.items()):
             try:
                 call = stepper.prepare()
+                if key in self._capped and stepper.metrics.nfe and call is not None:
+                    self._check_rows(call.num_rows, stepper.decoder.width)
             except Exception as exc:
                 out.append(self._failed(key, exc))
                 continue
@@ -167,15 +179,27 @@ class StepperBatch:
         """The output tokens the request's last call added (the text is the HTTP side's to make)."""
         stepper, sent = self._requests[key]
         if stepper.done:
-            del self._requests[key]
+            self.remove(key)
             generation = stepper.result()
             return Progress(key, generation.output_ids[sent[0] :], generation)
         ids = stepper.state.output_ids()
         new, sent[0] = ids[sent[0] :], len(ids)
         return Progress(key, new)
 
+    def _check_rows(self, rows: int, width: int) -> None:
+        """Refuse a call of more than ``max_rows`` rows (raises the 400 that ends its request)."""
+        if self.max_rows is not None and rows > self.max_rows:
+            raise APIError(
+                400,
+                f"this request's schedule makes calls of {rows} rows at width {width}, over this server's limit of "
+                f"{self.max_rows} rows per call (specframe serve --max-rows); ask for a smaller width, width "
+                '"auto", or a schedule with fewer rows per call (packed or linear)',
+                param="width",
+                code="rows_limit_exceeded",
+            )
+
     def _failed(self, key: int, exc: BaseException) -> Progress:
-        del self._requests[key]
+        self.remove(key)
         return Progress(key, [], error=exc)
 
     def __len__(self) -> int:
@@ -414,7 +438,7 @@ class Engine:
 
     def _fail(self, submission: Submission, error: APIError) -> None:
         submission.ended = True
-        self.metrics.finished("error")
+        self.metrics.failed(error.status)
         submission.post(Event("error", error=error))
 
     def _step(self) -> None:
@@ -428,13 +452,15 @@ class Engine:
             submission = active.submission
             if item.error is not None:
                 error = item.error
-                if isinstance(error, SpecframeError):
+                if isinstance(error, APIError):  # the batch's own refusal (a limit of the server)
+                    api = error
+                elif isinstance(error, SpecframeError):
                     api = APIError(400, str(error), code="invalid_value")
                 else:
                     log.error("decoding a request failed", exc_info=error)
                     api = APIError(500, f"decoding failed: {type(error).__name__}: {error}")
                 self._end(item.key)
-                self.metrics.finished("error")
+                self.metrics.failed(api.status)
                 submission.post(Event("error", error=api))
                 continue
             if item.ids:
