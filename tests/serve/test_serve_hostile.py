@@ -263,3 +263,19 @@ def test_requests_still_running_at_the_shutdown_timeout_get_503(served_model):
     assert json.loads(events[-2])["error"]["code"] == "shutting_down"
     error = _error(results["queued"], 503)
     assert error["code"] == "shutting_down"
+
+
+@pytest.mark.parametrize(
+    "option,value,word",
+    [
+        ("--read-timeout", "0", "--read-timeout must be a number of seconds > 0"),
+        ("--max-rows", "0", "--max-rows must be >= 1"),
+        ("--served-model-name", " ", "--served-model-name is empty"),
+        ("--shutdown-timeout", "nan", "--shutdown-timeout must be a number of seconds >= 0"),
+    ],
+)
+def test_the_new_serve_options_refuse_bad_values_before_loading(option, value, word, capsys):
+    from specframe.cli import main
+
+    assert main(["serve", option, value]) != 0
+    assert word in capsys.readouterr().err
