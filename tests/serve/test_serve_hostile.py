@@ -228,6 +228,7 @@ class _GracefulRunningServer(RunningServer):
 
     def make(self, config):
         engine = self.engine
+        config.timeout_graceful_shutdown = 60  # as `specframe serve`: uvicorn's own cancelling comes well after
         self.graceful = GracefulServer(
             config, on_signal=engine.stop_admitting, on_expiry=functools.partial(engine.close, 0), shutdown_timeout=0
         )
