@@ -114,6 +114,15 @@ def test_width_beyond_the_context_is_refused(model):
         compose({"model": model, "width": 10000})
 
 
+def test_a_request_width_beyond_the_context_is_refused_like_the_decoders(model):
+    decoder = compose({"model": model, "schedule": "packed", "width": 4, "max_new_tokens": 4})
+    with pytest.raises(InputError, match=r"request 1: width 5000 exceeds the model's context of 256 positions"):
+        decoder.generate_many([[1, 2], [3]], widths=[4, 5000])
+    with pytest.raises(InputError, match=r"width 257 exceeds .* use a width <= 256"):
+        decoder.stepper(prompt_ids=[1], width=257)
+    assert decoder.stepper(prompt_ids=[1], width=256).state.ctx.width == 256
+
+
 def test_a_wide_window_with_a_short_output_allocates_for_the_output(model):
     wide = compose({"model": model, "schedule": "quadratic", "width": 256, "max_new_tokens": 4})
     narrow = compose({"model": model, "schedule": "quadratic", "width": 4, "max_new_tokens": 4})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -49,3 +50,25 @@ def test_a_cached_cost_model_is_used_silently_and_announce_false_is_quiet(fake_c
     assert capsys.readouterr().err == "" and not fake_calibration
     cost_model_for(MODEL, refresh=True, announce=False)
     assert capsys.readouterr().err == "" and fake_calibration == [MODEL]
+
+
+def test_generate_calibrates_before_the_request_so_its_seconds_are_not_the_requests(monkeypatch, tmp_path, capsys):
+    """A first calibration's time is not charged to the request's wall or non-model time (a fake clock)."""
+    import time
+
+    from specframe.auto import setup
+    from specframe.cli import main
+
+    monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
+    real, skipped = time.perf_counter, []
+    monkeypatch.setattr(time, "perf_counter", lambda: real() + sum(skipped))
+
+    def calibrating(model):
+        skipped.append(1000.0)  # what a calibration costs, on the clock the decoder reads
+        return CostModel.from_mapping({"tau": 0.001, "delta": 0.0001})
+
+    monkeypatch.setattr(setup, "cost_model_for", calibrating)
+    args = ["generate", "--model", "setdlm-stdlib-tiny", "--max-new-tokens", "4", "--json", "def f("]
+    assert main(args) == 0
+    metrics = json.loads(capsys.readouterr().out)["metrics"]
+    assert skipped == [1000.0] and metrics["wall_s"] < 100, metrics["wall_s"]

@@ -317,6 +317,19 @@ def _plant(monkeypatch, q_of, *, realized=False):
         monkeypatch.setattr(CallTokens, "factor", lambda self, label: 1.0)
 
 
+def _request_copies(monkeypatch):
+    """The per-request copies of every ``AutoSchedule`` made from now on, in order (the templates plan nothing)."""
+    made = []
+    real = AutoSchedule.for_request
+
+    def recorded(self):
+        made.append(real(self))
+        return made[-1]
+
+    monkeypatch.setattr(AutoSchedule, "for_request", recorded)
+    return made
+
+
 def _ar_runs(labels):
     """Lengths of the runs of plain AR calls that end in a drafting call."""
     runs, length = [], 0
@@ -356,11 +369,11 @@ def test_probes_back_off_while_drafts_keep_failing_and_the_wait_carries_over(mod
 
 def test_a_probe_that_finds_good_drafts_switches_and_resets_the_wait(models, monkeypatch):
     decoder = _long_decoder(models[NEMOTRON])
-    schedule = decoder.schedule
+    copies = _request_copies(monkeypatch)
     judged = []
 
     def q_of():  # drafts fail until the third probe is judged; from then on, they are always accepted
-        if schedule.policy._judge_probe:
+        if copies[-1].policy._judge_probe:
             judged.append(1)
         return 0.95 if len(judged) >= 3 else 0.05
 
@@ -371,12 +384,13 @@ def test_a_probe_that_finds_good_drafts_switches_and_resets_the_wait(models, mon
     assert runs[:3] == [auto_module.PROBE_AFTER * 2**i - 1 for i in range(3)]
     switched = sum(runs[:3]) + 3 * auto_module.PROBE_CALLS
     assert "ar" not in labels[switched:]  # drafting from the successful probe on
-    assert schedule.policy._probe_after == auto_module.PROBE_AFTER
+    assert copies[-1].policy.learning.probe_after == auto_module.PROBE_AFTER
 
 
 def _tie_acceptance(decoder, gain):
     """The planted acceptance at which the best drafting candidate's estimate is ``gain`` times AR's."""
-    schedule = decoder.schedule
+    schedule = decoder.schedule.for_request()
+    schedule._ctx = decoder.stepper(prompt_ids=[3]).state.ctx  # a request's settings: its rows can be counted
     free = decoder.builder.traits.free_bonus
     drafting = [c for c in schedule.candidates(decoder.width) if c.kind != "ar"]
 
@@ -398,24 +412,22 @@ def test_hysteresis_keeps_the_pick_between_near_equal_candidates(models, monkeyp
     decoder = _long_decoder(models[NEMOTRON])
     with eos_ids(models[NEMOTRON], ()):
         decoder.generate(prompt_ids=[3, 5, 7], max_new_tokens=2)  # sets up the schedule's row counting
-    schedule = decoder.schedule
     # each re-estimate flips which is ahead, AR or the best drafting candidate, by 1% (within SWITCH_MARGIN)
     planted = [_tie_acceptance(decoder, 1.01), _tie_acceptance(decoder, 1 / 1.01)]
     estimates = []
     _plant(monkeypatch, lambda: planted[len(estimates) % 2])
     if margin is not None:
         monkeypatch.setattr(auto_module, "SWITCH_MARGIN", margin)
-    policy = schedule.policy
-    estimate = policy._estimate
+    estimate = auto_module.WidthPolicy._estimate
 
-    def recorded(context):
+    def recorded(policy, context):
         fresh = policy.chosen is None or policy._since_refresh >= auto_module.REFRESH_CALLS
-        chosen = estimate(context)
+        chosen = estimate(policy, context)
         if fresh:
             estimates.append(chosen.kind == "ar")
         return chosen
 
-    monkeypatch.setattr(policy, "_estimate", recorded)
+    monkeypatch.setattr(auto_module.WidthPolicy, "_estimate", recorded)
     with eos_ids(models[NEMOTRON], ()):
         decoder.generate(prompt_ids=[3, 5, 7])
     changes = sum(1 for a, b in zip(estimates, estimates[1:], strict=False) if a != b)
@@ -463,7 +475,7 @@ def test_a_candidate_whose_calls_add_fewer_tokens_than_predicted_loses_its_pick(
     monkeypatch.setattr(CallTokens, "observe", observe)
     decoder = _long_decoder(model)
     labels = _labels(decoder, model)
-    tokens = decoder.schedule.policy.tokens
+    tokens = decoder.schedule.learned.tokens
     drafted = [label for label in set(labels) if label != "ar"]
     assert drafted and tokens.count("ar") == 0
     assert all(tokens.factor(label) < 0.9 for label in drafted if tokens.count(label) > 20)
@@ -482,16 +494,17 @@ def _forward_log(model, decoder, prompt, length=60):
     def logged(cache, call):
         adapter = None if call.adapter_rows is None else call.adapter_rows.clone()
         entry = (call.input_ids.clone(), call.position_ids.clone(), call.attention.clone(), call.output_rows.clone())
-        log.append((decoder.schedule.label(), (*entry, adapter, cache.length)))
+        log.append((*entry, adapter, cache.length))
         return forward(cache, call)
 
     model.forward = logged
     try:
         with eos_ids(model, ()):
-            tokens = decoder.generate(prompt_ids=prompt, max_new_tokens=length).output_ids
+            result = decoder.generate(prompt_ids=prompt, max_new_tokens=length)
     finally:
         del model.forward
-    return tokens, log
+    labels = [label for label, _ in result.metrics.choices]  # what planned each call, in call order
+    return result.output_ids, list(zip(labels, log, strict=True))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -540,16 +553,18 @@ def _python_calls(function):
     return counted, counts
 
 
-def test_a_run_of_plain_ar_calls_costs_the_host_little_more_than_the_ar_schedule(models):
+def test_a_run_of_plain_ar_calls_costs_the_host_little_more_than_the_ar_schedule(models, monkeypatch):
     # Host work counted in function calls, not timed: plan and update of a plain AR call inside "auto" make
     # a few calls more than the `ar` schedule's (the choice between two estimates is a lookup).
     model = models[NEMOTRON]
     counts = {}
     for name, config in (("ar", {"schedule": "ar"}), ("auto", {"schedule": "packed", "cost": ROWS_DEAR})):
         decoder = compose({"model": model, "max_new_tokens": 80, **config})
-        schedule = decoder.schedule
-        schedule.plan, plans = _python_calls(schedule.plan)
-        schedule.update, updates = _python_calls(schedule.update)
+        kind = type(decoder.schedule)  # the class: every request plans with a copy of its own
+        wrapped_plan, plans = _python_calls(kind.plan)
+        wrapped_update, updates = _python_calls(kind.update)
+        monkeypatch.setattr(kind, "plan", wrapped_plan)
+        monkeypatch.setattr(kind, "update", wrapped_update)
         with eos_ids(model, ()):
             decoder.generate(prompt_ids=[3, 5, 7])
             labels = [label for label, _ in decoder.generate(prompt_ids=[9, 2, 4]).metrics.choices]
@@ -566,9 +581,10 @@ def test_a_stable_pick_is_not_re_estimated_until_acceptance_or_the_context_moves
     _plant(monkeypatch, lambda: 0.05)  # drafts (almost) never accepted: AR calls win, probes fail
     estimates = []  # (verifications that checked a draft, cached context) at each estimate
     real_best = auto_module.best
+    copies = _request_copies(monkeypatch)
 
     def counted(*args, **kwargs):
-        estimates.append((decoder.schedule.policy._learned, decoder.schedule.policy._estimated[3]))
+        estimates.append((copies[-1].policy.learning.verified, copies[-1].policy._estimated[3]))
         return real_best(*args, **kwargs)
 
     monkeypatch.setattr(auto_module, "best", counted)

@@ -152,29 +152,27 @@ def test_help_says_what_each_command_does_and_the_defaults_that_apply(capsys):
     assert "default 256" not in bench and "the task's own cap: smoke 128, chat 128, humaneval 512" in bench
 
 
-def test_a_command_of_a_repository_plugin_that_is_not_installed_says_how_to_install_it(capsys, monkeypatch):
-    from specframe import commands
-
-    monkeypatch.setitem(commands.PLUGIN_COMMANDS, "imaginary", "specframe-imaginary")
-    code, out, err = _run(capsys, "imaginary", "--help")
-    assert code == 1 and not out
-    assert err == (
-        "error: `specframe imaginary` comes from the distribution 'specframe-imaginary', which is not installed; "
-        "install it from a checkout of the specframe repository: pip install ./plugins/specframe-imaginary\n"
-    )
+def test_a_command_that_no_plugin_registers_says_how_a_plugin_command_is_installed(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["imaginary", "--help"])
+    err = " ".join(capsys.readouterr().err.split())
+    assert exit_info.value.code == 2 and err.startswith("error: unknown command 'imaginary'; known commands: ")
+    assert "bench" in err and "pip install ./plugins/DISTRIBUTION" in err and "`specframe plugins` lists it" in err
 
 
-def test_the_repository_plugins_named_for_commands_are_in_plugins():
+def test_the_core_names_no_plugin_command():
+    """A plugin's commands reach the CLI through its register_commands hook alone, never through a table in core."""
     from pathlib import Path
 
-    from specframe.commands import COMMANDS, PLUGIN_COMMANDS
+    from specframe import commands
 
-    root = Path(__file__).resolve().parents[1]
-    assert {"train", "train-drafter"} <= set(PLUGIN_COMMANDS)
-    for name, distribution in PLUGIN_COMMANDS.items():
-        pyproject = root / "plugins" / distribution / "pyproject.toml"
-        assert f'name = "{distribution}"' in pyproject.read_text(encoding="utf-8"), name
-        assert name not in {command for command, _, _ in COMMANDS}  # a built-in needs no installing
+    core = Path(commands.__file__).parent
+    plugin_commands = {"train", "train-drafter", "ablation-order"}
+    for path in [core / "commands.py", core / "cli.py"]:
+        text = path.read_text(encoding="utf-8")
+        named = {name for name in plugin_commands if f'"{name}"' in text or f"``{name}``" in text}
+        assert not named, f"{path.name} names the plugin command(s) {sorted(named)}"
+    assert {name for name, _, _ in commands.COMMANDS}.isdisjoint(plugin_commands)
 
 
 def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, checkpoints, tmp_path, monkeypatch):
@@ -198,7 +196,7 @@ def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, chec
         (["generate", "x", "--max-new-tokens", "1e3"], "argument --max-new-tokens: invalid int value: '1e3'"),
         (["generate", "x", "--widht", "4"], "unrecognized arguments: --widht 4; see `specframe generate --help`"),
         (["bench", "--limit", "two"], "see `specframe bench --help`"),
-        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["frobnicate"], "unknown command 'frobnicate'; known commands: "),
     ],
 )
 def test_a_malformed_command_line_is_one_line_naming_the_help(capsys, args, message):

@@ -97,3 +97,13 @@ def test_a_plugin_rule_that_says_nothing_is_labelled_and_its_width_auto_reads_no
         decoder = compose({"model": "setdlm-stdlib-tiny", "acceptance": "typical", "max_new_tokens": 4})
         assert decoder.exact is False and decoder.schedule.deterministic
         assert decoder.generate("def f(").exact is False
+
+
+def test_the_not_exact_note_names_a_plugin_rule_by_its_registered_name(capsys):
+    from specframe.plugins import plugin_registered
+
+    args = ["generate", "--model", "setdlm-stdlib-tiny", "--max-new-tokens", "2", "--width", "2", "--json", "def f("]
+    with plugin_registered(_TypicalPlugin(), "typical_plugin"):
+        assert main([*args[:-1], "--acceptance", "typical", args[-1]]) == 0
+    err = capsys.readouterr().err
+    assert "not exact: acceptance rule 'typical' does not declare exact = True" in err, err  # not the class _Typical

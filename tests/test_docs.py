@@ -1,7 +1,8 @@
 """The documentation site stays true to the code.
 
 * Every hook spec is documented on the hook reference page, and that page's examples are working plugins.
-* The tutorial's code is included from the tutorial plugin's files, covering all of its module.
+* The tutorial's code blocks are the tutorial plugin's files, section for section (readable in the Markdown
+  source too), covering all of its module.
 * The shell commands and Python examples of every page run as written, offline, against small random
   checkpoints (commands that need the Hub, a GPU, an installation step or the bundled model are skipped,
   each for a stated reason).
@@ -23,6 +24,7 @@ import runpy
 import shlex
 import subprocess
 import sys
+import textwrap
 import types
 from pathlib import Path
 
@@ -32,7 +34,15 @@ from specframe import compose, hookspecs
 from specframe.cli import main as cli_main
 from specframe.errors import CheckpointError, ConfigError, PlanError
 from specframe.models.named import NAMED_MODELS
-from specframe.plugins import KINDS, PluginHost, get_host, register_plugin, reset_host, unregister_plugin
+from specframe.plugins import (
+    KINDS,
+    PluginHost,
+    get_host,
+    product_class,
+    register_plugin,
+    reset_host,
+    unregister_plugin,
+)
 from specframe.testing.plugins import torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,6 +55,8 @@ DOCS_BUILD = ROOT / ".ci" / "docs-build"
 FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)```[ \t]*$", re.M | re.S)
 # A pymdownx.snippets block: --8<-- on a line, then one "path" or "path:section" per line, then --8<--.
 SNIPPET = re.compile(r"^--8<--\n(?P<body>.*?)\n--8<--$", re.M | re.S)
+# A tutorial code block copied from the plugin: a comment naming "path" or "path:section", then the fence.
+COPIED = re.compile(r"^<!-- code: (?P<source>\S+) -->\n```\w*\n(?P<body>.*?)\n```$", re.M | re.S)
 # Shell lines that are documented but not run here, by how they start, with the reason.
 NOT_RUN_PREFIXES = {
     "python3 -m venv": "creates an environment and installs packages",
@@ -166,6 +178,12 @@ def test_hook_reference_examples_are_working_plugins(example_host, tmp_path):
         ("schedule", "verify-only"),
         ("command", "hello"),
     }
+    # Every example rule declares whether it is exact and whether it samples, as the page asks of a rule.
+    docs_rules = [e for e in registry.entries("acceptance_rule") if e.distribution == "docs"]
+    rules = {e.name: e.describe()["exact"] for e in docs_rules}
+    assert rules == {"top20": True, "min-p": True, "argmax": True}
+    samples = {e.name: vars(product_class(e.factory)).get("stochastic") for e in docs_rules}
+    assert samples["argmax"] is False and samples["min-p"] is True
     prompt = [3, 1, 4, 1, 5]
     setdlm = tiny_model("setdlm", tmp_path / "setdlm", vocab=24, seed=2)
     nemotron = tiny_model("nemotron-labs-diffusion", tmp_path / "nemotron", vocab=24, seed=2)
@@ -235,31 +253,35 @@ def snippet_sections(path: Path) -> dict[str, list[str]]:
     return sections
 
 
-def test_tutorial_code_is_included_from_the_plugin_and_covers_its_module():
+def test_tutorial_code_is_the_plugins_and_covers_its_module():
     page = TUTORIAL.read_text(encoding="utf-8")
-    includes = [
-        (line.partition(":")[0], line.partition(":")[2] or None)
-        for match in SNIPPET.finditer(page)
-        for line in match.group("body").splitlines()
-    ]
-    assert includes, "the tutorial includes no code from the plugin"
+    copies = [(match.group("source"), match.group("body")) for match in COPIED.finditer(page)]
+    assert copies, "the tutorial shows no code of the plugin"
+    assert "--8<--\n" not in page, "a snippet include shows nothing in the Markdown source: copy the code"
     module = TUTORIAL_PLUGIN / "src" / "specframe_adaptive_packed" / "__init__.py"
     shown: list[str] = []
-    for path, section in includes:
+    for source, body in copies:
+        path, _, section = source.partition(":")
         file = ROOT / path
-        assert file.is_file(), f"the tutorial includes {path}, which does not exist"
-        assert file.is_relative_to(TUTORIAL_PLUGIN), f"the tutorial includes {path} from outside the plugin"
-        if section is not None:
+        assert file.is_file(), f"the tutorial copies {path}, which does not exist"
+        assert file.is_relative_to(TUTORIAL_PLUGIN), f"the tutorial copies {path} from outside the plugin"
+        if section:
             sections = snippet_sections(file)
             assert section in sections, f"{path} has no snippet section {section!r}"
-            if file == module:
-                shown += sections[section]
+            lines = sections[section]
+        else:
+            lines = [line for line in file.read_text(encoding="utf-8").splitlines() if "--8<--" not in line]
+        expected = textwrap.dedent("\n".join(lines)).strip("\n")
+        assert body == expected, f"the tutorial's copy of {source} differs from the file: copy it again"
+        if file == module:
+            shown += lines
     code = [line for line in module.read_text(encoding="utf-8").splitlines() if "--8<--" not in line]
     hidden = [line for line in code if line.strip() and line not in shown]
     assert not hidden, f"lines of the plugin module that the tutorial does not show: {hidden}"
     # No code block of the tutorial is typed by hand except the ones that are not plugin code.
+    copied = {body for _, body in copies}
     for block in code_blocks(TUTORIAL, "python"):
-        assert SNIPPET.search(block) or "compose(" in block, f"hand-written Python in the tutorial:\n{block}"
+        assert block.rstrip("\n") in copied or "compose(" in block, f"hand-written Python in the tutorial:\n{block}"
 
 
 def test_tutorial_entry_and_directory_match_the_plugin_package():
@@ -296,14 +318,15 @@ def shell_commands() -> list[tuple[str, str]]:
 
 def python_examples() -> list[tuple[str, int, str]]:
     """(page, number, code) for every ``python`` block of our pages and the README (a new user's first code),
-    except the hook reference and includes."""
+    except the hook reference, includes and copies of the tutorial plugin's code (tested with the plugin)."""
     found = []
     for page in [*pages(), ROOT / "README.md"]:
         name = page.relative_to(DOCS).as_posix() if page.is_relative_to(DOCS) else page.name
         if page == HOOKS_PAGE or name in OWNED_ELSEWHERE:
             continue
+        copied = {match.group("body") for match in COPIED.finditer(page.read_text(encoding="utf-8"))}
         for number, block in enumerate(code_blocks(page, "python")):
-            if not SNIPPET.search(block):
+            if not SNIPPET.search(block) and block.rstrip("\n") not in copied:
                 found.append((name, number, block))
     return found
 

@@ -7,8 +7,6 @@ without any cache, and any-order (confidence) verification against the serial re
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -26,7 +24,8 @@ from decoding_helpers import (
 from specframe import batching, compose
 from specframe.acceptance.base import Verdict
 from specframe.errors import ConfigError
-from specframe.ledger import Guess, outcome_pairs
+from specframe.ledger import outcome_pairs
+from specframe.plan import Guess
 from specframe.schedules.base import Schedule
 
 VOCAB = 24
@@ -209,17 +208,17 @@ def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("schedule", ["ar", "native", *SPECULATIVE], ids=str)
-def test_update_returns_the_verdict_of_its_call(models, family, schedule):
+def test_update_returns_the_verdict_of_its_call(models, family, schedule, monkeypatch):
     """``Schedule.update`` returns its call's verdict (a guess for ``native``), which the ledger records once."""
     # A fixed cost model: with the machine's own, "auto" may pick plain AR calls and accept no drafts.
     config = {"model": models[family], "schedule": schedule, "max_new_tokens": 16, "cost": SYNTHETIC_COST}
     config["width"] = "auto" if schedule == "ar" else 4  # ar takes no width
     decoder = compose(config)
-    update = decoder.schedule.update
+    update = type(decoder.schedule).update
     seen = []
 
-    def checked(state, plan, result):
-        returned = update(state, plan, result)
+    def checked(self, state, plan, result):
+        returned = update(self, state, plan, result)
         if schedule == "native" and plan.num_verify == 0:
             assert isinstance(returned, Guess) and returned.pairs
         elif plan.num_verify:
@@ -229,7 +228,7 @@ def test_update_returns_the_verdict_of_its_call(models, family, schedule):
             assert returned is None
         return returned
 
-    decoder.schedule.update = checked
+    monkeypatch.setattr(type(decoder.schedule), "update", checked)  # every request's copy
     accepted = 0
     with eos_ids(models[family], ()):
         for seed in range(3):
@@ -321,9 +320,7 @@ def test_any_arrival_and_finish_pattern_gives_each_request_its_own_output(
     with eos_ids(models[family], (EOS, 6) if use_eos else ()):
         alone = [compose(config).generate(prompt_ids=p, max_new_tokens=n).output_ids for p, n in requests]
         decoder = compose(config)
-        waiting = [
-            decoder.stepper(prompt_ids=p, max_new_tokens=n, schedule=copy.copy(decoder.schedule)) for p, n in requests
-        ]
+        waiting = [decoder.stepper(prompt_ids=p, max_new_tokens=n) for p, n in requests]
         steppers, active = list(waiting), []
         while waiting or active:
             arrivals = data.draw(st.integers(0 if active else 1, len(waiting)), label="arrivals")

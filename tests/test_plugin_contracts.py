@@ -16,8 +16,9 @@ from specframe.acceptance.rejection import RejectionSampling
 from specframe.cli import main
 from specframe.errors import PluginError
 from specframe.hookspecs import hookimpl
-from specframe.ledger import Guess, outcome_pairs
+from specframe.ledger import outcome_pairs
 from specframe.orders.base import OrderPolicy
+from specframe.plan import Guess
 from specframe.plugins import plugin_registered
 from specframe.schedules.base import Schedule, verify_only_plan, verify_planned_chain
 from specframe.schedules.packed import PackedSchedule

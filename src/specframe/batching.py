@@ -1,17 +1,22 @@
-"""Continuous batching: many requests' calls packed into one model forward per step.
+"""The engine core: one :class:`Batch` of requests, stepped one model forward at a time, for every path.
 
-Each step, every active request's :class:`~specframe.decoder.Stepper` prepares its next call; the calls run
-in one :meth:`~specframe.models.base.ModelBackend.forward_many` (each against its own request's cache, so
-attention never crosses requests); each request then finishes its call. Finished requests leave between
-steps and waiting ones join, up to ``max_batch`` in flight. A request's tokens depend only on its own calls,
-so its output is what it gets decoded alone.
+:meth:`Decoder.generate <specframe.decoder.Decoder.generate>`, ``stream``, ``generate_many``, ``stream_many``
+(which bench's closed loop consumes) and the server's engine all decode through a :class:`Batch`: requests
+join (:meth:`Batch.add`) and leave (:meth:`Batch.remove`) between steps, and each :meth:`Batch.step` lets
+every request's :class:`~specframe.decoder.Stepper` prepare its next call, evaluates the calls of requests
+on the same model in one :meth:`~specframe.models.base.ModelBackend.forward_many` (each against its own
+request's cache, so attention never crosses requests), and lets each request finish its call. A request's
+tokens depend only on its own calls, so its output is what it gets decoded alone. A request that fails
+ends alone; the others go on. Each step reports, per request, the output tokens it added since the last
+report (:class:`Progress`): the one progress tracker of every path.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -22,10 +27,18 @@ if TYPE_CHECKING:
     from specframe.plan import PhysicalCall
 
 
+class Result(Protocol):
+    """A request's result (:class:`specframe.decoder.Generation` is the implementation)."""
+
+    output_ids: list[int]
+
+
 class Stepper(Protocol):
     """One request decoded a call at a time (:class:`specframe.decoder.Stepper` is the implementation)."""
 
     cache: KVCache | None
+    #: The model its calls run on.
+    model: ModelBackend
 
     @property
     def done(self) -> bool:
@@ -36,6 +49,125 @@ class Stepper(Protocol):
 
     def finish(self, logits: torch.Tensor, seconds: float, batch_rows: int | None = None) -> None:
         """Apply the logits of the prepared call."""
+
+    def output_ids(self) -> list[int]:
+        """The output token ids accepted so far, in textual order."""
+
+    def result(self) -> Result:
+        """The request's result (its whole result once it is done)."""
+
+    def sync(self) -> None:
+        """Wait for the model's device to finish queued work (so that a forward's time is its own)."""
+
+
+@dataclass
+class Progress:
+    """What one step did for one request.
+
+    Attributes:
+        key: The request's key (as given to :meth:`Batch.add`).
+        ids: Output token ids added since the request's previous progress, in textual order.
+        generation: The whole result (the stepper's :class:`~specframe.decoder.Generation`), once the request is
+            done (``None`` before).
+        error: What the request raised, which ended it (``None`` when it did not fail).
+    """
+
+    key: Hashable
+    ids: list[int] = field(default_factory=list)
+    generation: Result | None = None
+    error: BaseException | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the request left the batch (done or failed)."""
+        return self.generation is not None or self.error is not None
+
+
+class Batch:
+    """The requests being decoded together, advanced one model forward per :meth:`step`."""
+
+    def __init__(self) -> None:
+        self._requests: dict[Hashable, tuple[Stepper, list[int]]] = {}  # key -> (stepper, [output tokens reported])
+        self._checks: dict[Hashable, Callable[[PhysicalCall], None]] = {}
+
+    def add(self, key: Hashable, stepper: Stepper, *, check: Callable[[PhysicalCall], None] | None = None) -> None:
+        """Start decoding ``stepper``'s request under ``key`` (unique among the requests in the batch).
+
+        Args:
+            key: The request's key.
+            stepper: The request.
+            check: Called with each call the request prepares, before it runs; what it raises ends the request
+                alone (a server's per-request limits).
+
+        Raises:
+            ValueError: If a request with that key is in the batch.
+        """
+        if key in self._requests:
+            raise ValueError(f"request {key!r} is already in the batch")
+        self._requests[key] = (stepper, [0])
+        if check is not None:
+            self._checks[key] = check
+
+    def remove(self, key: Hashable) -> None:
+        """Drop a request (cancelled; its cache goes with it). Unknown keys are ignored: it may have ended."""
+        self._requests.pop(key, None)
+        self._checks.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._requests
+
+    def step(self) -> list[Progress]:
+        """One call of every request; a request that ended (done or failed) leaves the batch.
+
+        Returns:
+            One :class:`Progress` per request in the batch, in the order they were added.
+        """
+        keys, out = list(self._requests), {}
+        groups: dict[int, list[tuple[Hashable, Stepper, PhysicalCall]]] = {}
+        for key, (stepper, _) in list(self._requests.items()):
+            try:
+                call = stepper.prepare()
+                if call is not None and key in self._checks:
+                    self._checks[key](call)
+            except Exception as exc:
+                out[key] = self._failed(key, exc)
+                continue
+            if call is None:  # done before its first call here (nothing left to decode)
+                out[key] = self._progress(key)
+                continue
+            groups.setdefault(id(stepper.model), []).append((key, stepper, call))
+        for items in groups.values():
+            first = items[0][1]
+            try:
+                outputs, seconds, rows = forward(first.model, [(s, call) for _, s, call in items], first.sync)
+            except Exception as exc:  # the shared forward failed: every request in it fails
+                out.update((key, self._failed(key, exc)) for key, _, _ in items)
+                continue
+            for (key, stepper, _), logits in zip(items, outputs, strict=True):
+                try:
+                    stepper.finish(logits, seconds, rows)
+                except Exception as exc:
+                    out[key] = self._failed(key, exc)
+                    continue
+                out[key] = self._progress(key)
+        return [out[key] for key in keys]
+
+    def _progress(self, key: Hashable) -> Progress:
+        stepper, reported = self._requests[key]
+        if stepper.done:
+            self.remove(key)
+            generation = stepper.result()
+            return Progress(key, generation.output_ids[reported[0] :], generation)
+        ids = stepper.output_ids()
+        new, reported[0] = ids[reported[0] :], len(ids)
+        return Progress(key, new)
+
+    def _failed(self, key: Hashable, exc: BaseException) -> Progress:
+        self.remove(key)
+        return Progress(key, error=exc)
 
 
 def forward(
@@ -61,27 +193,22 @@ def forward(
     return outputs, time.perf_counter() - started, rows
 
 
-def run(
-    model: ModelBackend, steppers: Sequence[Stepper], max_batch: int, sync: Callable[[], None]
-) -> Iterator[tuple[int, Stepper]]:
-    """Decode ``steppers`` with up to ``max_batch`` in flight, admitting them in order.
+def run(steppers: Sequence[Stepper], max_batch: int) -> Iterator[Progress]:
+    """Decode ``steppers`` through one :class:`Batch`, up to ``max_batch`` in flight, admitted in order.
 
-    Yields ``(index, stepper)`` after each of a request's calls (``stepper.done`` after its last). One
-    stepper with ``max_batch=1`` is plain one-request decoding.
+    Yields each request's :class:`Progress` after each of its calls (keys are indices into ``steppers``).
+    One stepper with ``max_batch=1`` is plain one-request decoding.
 
-    Args:
-        model: The model every request runs on.
-        steppers: The requests, not started.
-        max_batch: Most requests per forward.
-        sync: Waits for the device (so a forward's time is its own).
+    Raises:
+        Exception: The first error a request raised (the library's calls fail as a whole; a server isolates
+            failures by stepping a :class:`Batch` itself).
     """
-    waiting, active = deque(range(len(steppers))), []
-    while waiting or active:
-        while waiting and len(active) < max_batch:
-            active.append(waiting.popleft())
-        calls = [(index, steppers[index].prepare()) for index in active]
-        outputs, seconds, rows = forward(model, [(steppers[index], call) for index, call in calls], sync)
-        for (index, _), logits in zip(calls, outputs, strict=True):
-            steppers[index].finish(logits, seconds, rows)
-            yield index, steppers[index]
-        active = [index for index in active if not steppers[index].done]
+    batch, waiting = Batch(), deque(range(len(steppers)))
+    while waiting or len(batch):
+        while waiting and len(batch) < max_batch:
+            index = waiting.popleft()
+            batch.add(index, steppers[index])
+        for progress in batch.step():
+            if progress.error is not None:
+                raise progress.error
+            yield progress

@@ -36,6 +36,12 @@ def entry_of(obj: object) -> PluginEntry | None:
     return item[1] if item is not None and item[0]() is obj else None
 
 
+def registered_name(obj: object) -> str | None:
+    """The name ``obj``'s plugin registered it under (what a configuration names it by), if known."""
+    entry = entry_of(obj)
+    return entry.name if entry is not None else None
+
+
 def origin(obj: object, label: str) -> str:
     """How an error names ``obj``: ``schedule 'x' (plugin 'p', distribution 'd')``, else by its class."""
     entry = entry_of(obj)

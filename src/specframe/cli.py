@@ -5,10 +5,9 @@ Subcommands:
 * ``specframe plugins``: every registered implementation as JSON (kind, name, plugin, distribution);
 * ``specframe generate``: decode one prompt and print the text as it is accepted or, with ``--json``, one
   object with text, ids and metrics;
-* every other command (``bench``, ``convert``, ...) and a plugin's commands (``train`` and ``train-drafter``
-  come from the specframe-training plugin in the repository's ``plugins/``) come from the
+* every other command (``bench``, ``convert``, ...) and every plugin's commands come from the
   ``register_commands`` hook (:mod:`specframe.commands` registers the built-in ones) and are imported only
-  when they run.
+  when they run; the core names no plugin's command.
 
 Errors exit non-zero with a one-line message and no traceback (set ``SPECFRAME_DEBUG=1`` to see one, also for
 an error raised from another, such as a plugin's failure while decoding).
@@ -23,11 +22,10 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any, NoReturn
 
-from specframe.commands import PLUGIN_COMMANDS
+from specframe.blame import registered_name
 from specframe.envflags import env_flag
 from specframe.errors import ConfigError, InputError, PluginError, SpecframeError, UnknownPluginError
 from specframe.exactness import inexact_reason
@@ -95,9 +93,11 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The argument parser: every registered command, of which only the one ``argv`` runs is imported.
 
     Raises:
-        PluginError: The command to run is registered twice, or its plugin's ``add_parser`` fails, or it is the
-            command of a distribution in the repository's ``plugins/`` folder that is not installed or not loaded
-            (:data:`specframe.commands.PLUGIN_COMMANDS`).
+        PluginError: The command to run is registered twice, or its plugin's ``add_parser`` fails.
+        UnknownPluginError: The command to run is not registered, and an installed plugin that
+            ``SPECFRAME_LOAD_PLUGINS`` excludes registers it or some plugin failed to load (the message says which).
+        SystemExit: Status 2 for any other unknown command, after one ``error:`` line that lists the commands
+            and says how a plugin's command is installed.
     """
     parser = CommandLineParser(
         prog="specframe",
@@ -111,16 +111,16 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(commands) + "}")
     parser.subcommands = sub.choices  # type: ignore[attr-defined]
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
-    if chosen in PLUGIN_COMMANDS and chosen not in commands:
-        distribution = PLUGIN_COMMANDS[chosen]
+    if chosen is not None and chosen not in commands:
         try:
-            metadata.distribution(distribution)
-        except metadata.PackageNotFoundError:
-            raise UnknownPluginError(
-                f"`specframe {chosen}` comes from the distribution {distribution!r}, which is not installed; install "
-                f"it from a checkout of the specframe repository: pip install ./plugins/{distribution}"
-            ) from None
-        registry.get("command", chosen)  # installed, not registered: its error says why (SPECFRAME_LOAD_PLUGINS, ...)
+            registry.get("command", chosen)
+        except UnknownPluginError as exc:
+            if registry.unavailable_hint("command", chosen):
+                raise  # an excluded or failed plugin: the message says which
+            parser.error(
+                f"{exc}; a plugin's command comes with its distribution: install that (the specframe repository's "
+                "own plugins: pip install ./plugins/DISTRIBUTION from a checkout), then `specframe plugins` lists it"
+            )
     for name, entry in commands.items():
         if name == chosen:
             add_command(sub, registry.get("command", name))  # names both plugins of a clash
@@ -459,7 +459,10 @@ def run_generate(args: argparse.Namespace) -> int:
         from specframe.models.chat import chat_prompt
 
         prompt = chat_prompt(decoder.model.tokenizer, prompt)
-    inexact = inexact_reason(decoder.rule, decoder.schedule)
+    inexact = inexact_reason(decoder.rule, decoder.schedule, registered_name)
+    # Width "auto" gets its cost model at first use, calibrating it if this machine has none: here, so that the
+    # seconds of a calibration are not the request's (its wall and non-model time in the summary line).
+    getattr(decoder.schedule, "cost", None)
     if args.json:
         report = getattr(decoder.model, "kernel_report", None)
         kernels = {"kernels": report()} if report is not None else {}

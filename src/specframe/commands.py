@@ -37,10 +37,6 @@ COMMANDS = (  # name, "module:add_parser", the line of `specframe --help`
     ),
 )
 
-# Commands of the distributions in the specframe repository's plugins/ folder (not on PyPI): when one is run
-# without its distribution installed, the error says how to install it.
-PLUGIN_COMMANDS = {"train": "specframe-training", "train-drafter": "specframe-training"}
-
 
 @hookimpl
 def register_commands(register: Register) -> None:

@@ -16,7 +16,6 @@ requests' calls into one forward, see :mod:`specframe.batching`) drive the same 
 
 from __future__ import annotations
 
-import copy
 import functools
 import operator
 import time
@@ -186,9 +185,7 @@ class Decoder:
                 output that does not fit the model's context.
         """
         stepper = self.stepper(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
-        for _ in batching.run(self.model, [stepper], 1, self.sync):
-            pass
-        return stepper.result()
+        return next(p.generation for p in batching.run([stepper], 1) if p.generation is not None)
 
     def stream(
         self,
@@ -212,7 +209,7 @@ class Decoder:
             InputError: As :meth:`generate` (raised at once, before the first piece).
         """
         stepper = self.stepper(prompt, prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, seed=seed)
-        return (piece for _, piece in self._stream_many(batching.run(self.model, [stepper], 1, self.sync)))
+        return (piece for _, piece in self._stream_many(batching.run([stepper], 1)))
 
     def generate_many(
         self,
@@ -247,9 +244,9 @@ class Decoder:
                 ``prompts``; raised before anything is decoded.
         """
         results: list[Generation | None] = [None] * len(prompts)
-        for index, stepper in self._batched(prompts, max_new_tokens, seeds, widths, max_batch):
-            if stepper.done:
-                results[index] = stepper.result()
+        for progress in self._batched(prompts, max_new_tokens, seeds, widths, max_batch):
+            if progress.generation is not None:
+                results[progress.key] = progress.generation
         return results  # type: ignore[return-value]
 
     def stream_many(
@@ -272,18 +269,16 @@ class Decoder:
         steps = self._batched(prompts, max_new_tokens, seeds, widths, max_batch)
         return self._stream_many(steps)
 
-    @staticmethod
-    def _stream_many(steps: Iterator[tuple[int, Stepper]]) -> Iterator[tuple[int, StreamPiece]]:
+    def _stream_many(self, steps: Iterator[batching.Progress]) -> Iterator[tuple[int, StreamPiece]]:
         pieces: dict[int, Pieces] = {}
-        for index, stepper in steps:
-            stream = pieces.get(index)
-            if stream is None:  # a request's first call
-                stream = pieces[index] = Pieces(stepper)
-            piece = stream.next()
+        for progress in steps:
+            stream = pieces.setdefault(progress.key, Pieces(self))
+            if progress.generation is not None:
+                yield progress.key, pieces.pop(progress.key).last(progress)
+                continue
+            piece = stream.next(progress)
             if piece is not None:
-                yield index, piece
-            if stepper.done:
-                yield index, pieces.pop(index).last()
+                yield progress.key, piece
 
     def stepper(
         self,
@@ -293,19 +288,36 @@ class Decoder:
         max_new_tokens: int | None = None,
         seed: int | None = None,
         width: int | None = None,
-        schedule: Schedule | None = None,
     ) -> Stepper:
         """One request as a :class:`Stepper`, to drive one model call at a time from outside.
 
         Arguments as :meth:`generate`, plus ``width`` (the request's speculative width; the decoder's by
-        default) and ``schedule`` (a copy of the decoder's schedule for this request alone, as batches use;
-        the decoder's own by default).
+        default). The request plans with its own copy of the decoder's schedule (:meth:`Schedule.for_request`),
+        so steppers of one decoder can be driven in any interleaving: each gives what its request gives alone.
 
         Raises:
             InputError: As :meth:`generate`.
         """
         state = self._request(prompt, prompt_ids, max_new_tokens, seed, width)
-        return Stepper(self, state, self.schedule if schedule is None else schedule)
+        return Stepper(self, state, self._schedule_for_request())
+
+    def _schedule_for_request(self) -> Schedule:
+        """The decoder's schedule's copy for one request, blamed on the same plugin."""
+        schedule = self.schedule
+        try:
+            copied = schedule.for_request()
+        except Exception as exc:
+            failure = plugin_failure(exc, (schedule,))
+            if failure is None:
+                raise
+            raise failure from exc
+        if not isinstance(copied, Schedule):
+            problem = f"for_request() returned {type(copied).__name__}, not a Schedule"
+            raise contract_error(schedule, "schedule", problem)
+        entry = entry_of(schedule)
+        if entry is not None:
+            remember(copied, entry)
+        return copied
 
     def _batched(
         self,
@@ -314,7 +326,7 @@ class Decoder:
         seeds: Sequence[int | None] | None,
         widths: Sequence[int] | None,
         max_batch: int,
-    ) -> Iterator[tuple[int, Stepper]]:
+    ) -> Iterator[batching.Progress]:
         """Validate every request, then run them with continuous batching (see :func:`specframe.batching.run`)."""
         if as_integer(max_batch) is None or max_batch < 1:
             raise InputError(f"max_batch must be an integer >= 1, got {max_batch!r}")
@@ -331,9 +343,8 @@ class Decoder:
                 states.append(self._request(text, ids, limits[index], seeds[index], widths[index]))
             except InputError as exc:
                 raise InputError(f"request {index}: {exc}") from None
-        schedule = self.schedule
-        steppers = [Stepper(self, state, _copy_of(schedule)) for state in states]
-        return batching.run(self.model, steppers, max_batch, self.sync)
+        steppers = [Stepper(self, state, self._schedule_for_request()) for state in states]
+        return batching.run(steppers, max_batch)
 
     def _request(
         self,
@@ -358,6 +369,12 @@ class Decoder:
             raise InputError(f"seed {seed_problem(seed)}")
         if width is not None and (as_integer(width) is None or width < 1):
             raise InputError(f"width must be an integer >= 1, got {width!r}")
+        if width is not None and as_integer(width) > self.model.max_positions + 1:
+            context = self.model.max_positions + 1
+            raise InputError(
+                f"width {as_integer(width)} exceeds the model's context of {context} positions: a window can never "
+                f"be wider than that; use a width <= {context}"
+            )
         seed = self.seed if seed is None else as_integer(seed)
         return DecodeState(ids, limit, self._context(seed, self.width if width is None else as_integer(width)))
 
@@ -452,6 +469,7 @@ class Stepper:
 
     def __init__(self, decoder: Decoder, state: DecodeState, schedule: Schedule) -> None:
         self.decoder, self.state, self.schedule = decoder, state, schedule
+        self.model = decoder.model
         self.metrics = Metrics()
         self.cache: KVCache | None = None
         self.ledger = CacheLedger(state)
@@ -530,6 +548,14 @@ class Stepper:
             raise failure from exc
         metrics.wall_s += time.perf_counter() - started
 
+    def sync(self) -> None:
+        """Wait for the model's device (see :meth:`Decoder.sync`)."""
+        self.decoder.sync()
+
+    def output_ids(self) -> list[int]:
+        """The output token ids accepted so far, in textual order."""
+        return self.state.output_ids()
+
     def result(self) -> Generation:
         """The request's result so far (its whole result once :attr:`done`)."""
         state, metrics, model = self.state, self.metrics, self.decoder.model
@@ -554,29 +580,26 @@ class Stepper:
 
 
 class Pieces:
-    """The stream pieces of one request: the tokens and text each call added, then the whole result.
+    """The stream pieces of one request, made from its :class:`~specframe.batching.Progress`: text and tokens.
 
     Args:
-        stepper: The request.
+        decoder: The request's decoder (its tokenizer and stop strings).
     """
 
-    def __init__(self, stepper: Stepper) -> None:
-        decoder = stepper.decoder
-        self.stepper, self.text, self.sent = stepper, IncrementalText(decoder.model.decode, decoder.stop_strings), 0
+    def __init__(self, decoder: Decoder) -> None:
+        self.text, self.ids = IncrementalText(decoder.model.decode, decoder.stop_strings), []
 
-    def next(self) -> StreamPiece | None:
-        """The piece the last call added (``None`` when it added no output token)."""
-        ids = self.stepper.state.output_ids()
-        if len(ids) <= self.sent:
+    def next(self, progress: batching.Progress) -> StreamPiece | None:
+        """The piece a call added (``None`` when it added no output token)."""
+        if not progress.ids:
             return None
-        piece = StreamPiece(self.text.update(ids), ids[self.sent :])
-        self.sent = len(ids)
-        return piece
+        self.ids += progress.ids
+        return StreamPiece(self.text.update(self.ids), list(progress.ids))
 
-    def last(self) -> StreamPiece:
+    def last(self, progress: batching.Progress) -> StreamPiece:
         """The last piece, with the :class:`Generation`."""
-        result = self.stepper.result()
-        return StreamPiece(self.text.finish(result.output_ids, result.text), result.output_ids[self.sent :], result)
+        result = progress.generation
+        return StreamPiece(self.text.finish(result.output_ids, result.text), list(progress.ids), result)
 
 
 def _per_request(value: Any, count: int, name: str) -> list[Any]:
@@ -588,20 +611,6 @@ def _per_request(value: Any, count: int, name: str) -> list[Any]:
     if len(value) != count:
         raise InputError(f"{name} has {len(value)} entries for {count} prompts; give one per prompt")
     return list(value)
-
-
-def _copy_of(schedule: Schedule) -> Schedule:
-    """A shallow copy of ``schedule`` for one request of a batch, blamed on the same plugin.
-
-    One schedule object serves the requests of :meth:`Decoder.generate` one after the other; interleaved
-    requests each get a copy, so that what a schedule keeps on ``self`` between its ``plan`` and ``update``
-    stays the request's own (objects it holds, such as learned statistics, stay shared).
-    """
-    copied = copy.copy(schedule)
-    entry = entry_of(schedule)
-    if entry is not None:
-        remember(copied, entry)
-    return copied
 
 
 def token_id_list(value: Any, name: str) -> list[int]:

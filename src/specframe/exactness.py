@@ -15,6 +15,7 @@ A declaration is the component's own: a plugin class that inherits a built-in cl
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 #: Modules whose declarations count only for their own classes (those of the library).
@@ -69,13 +70,21 @@ def width_changes_output(order: Any, rule: Any) -> bool:
     return False
 
 
-def inexact_reason(rule: Any, schedule: Any) -> str | None:
-    """Why a decoder with this rule and schedule is not exact, for people (``None`` when it is)."""
+def inexact_reason(rule: Any, schedule: Any, name_of: Callable[[Any], str | None] | None = None) -> str | None:
+    """Why a decoder with this rule and schedule is not exact, for people (``None`` when it is).
+
+    Args:
+        rule: The decoder's acceptance rule.
+        schedule: The decoder's schedule.
+        name_of: The name a component was registered under, where known (the command line passes
+            :func:`specframe.blame.registered_name`); else its ``name`` attribute, else its class's name.
+    """
     reasons = []
     for label, component in (("schedule", schedule), ("acceptance rule", rule)):
         declared = declared_exact(component)
         if declared is not True:
-            name = getattr(component, "name", "") or type(component).__name__
+            registered = name_of(component) if name_of is not None else None
+            name = registered or getattr(component, "name", "") or type(component).__name__
             said = "declares exact = False" if declared is False else "does not declare exact = True"
             reasons.append(f"{label} {name!r} {said}")
     if not reasons:

@@ -2,7 +2,7 @@
 
 A schedule's ``update`` returns what its call decided: a :class:`~specframe.acceptance.base.Verdict` (from
 :func:`~specframe.schedules.base.verify_planned_chain` or
-:func:`~specframe.schedules.base.verify_and_propose`), a :class:`Guess` (tokens a lossy schedule commits
+:func:`~specframe.schedules.base.verify_and_propose`), a :class:`~specframe.plan.Guess` (tokens a lossy schedule commits
 without a verdict) or ``None`` (a drafting-only call). The decoder hands it to the request's
 :class:`CacheLedger`, which alone turns it into accepted tokens (applying EOS, stop sequences, stop texts
 and the length limit), records the verification, and keeps in the cache exactly the rows of accepted
@@ -13,25 +13,15 @@ tokens whose context stayed valid. Schedules read the outcome back from the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from specframe.acceptance.base import Verdict
 from specframe.blame import contract_error
-from specframe.plan import CallPlan, PhysicalCall
+from specframe.plan import CallPlan, Guess, PhysicalCall
 from specframe.state import DecodeState
 
 if TYPE_CHECKING:
     from specframe.models.cache import KVCache
-
-
-class Guess(NamedTuple):
-    """Tokens a lossy schedule (``exact = False``, such as ``native``) commits without a verdict.
-
-    Attributes:
-        pairs: ``(position, token)`` pairs, in the order they are accepted.
-    """
-
-    pairs: tuple[tuple[int, int], ...]
 
 
 #: What :meth:`specframe.schedules.base.Schedule.update` returns.

@@ -12,15 +12,46 @@ Positions are absolute: the prompt occupies positions ``0 .. n-1`` and output po
 ``i``-th generated token. Every new row of a call may attend to every cached row (the cache only ever holds
 accepted tokens, which precede all new rows in generation order); a :class:`PhysicalCall` therefore only
 describes attention among its new rows.
+
+What crosses the seam besides: a family's :class:`LayoutTraits` (what its layout can express, which
+schedules read), and a lossy schedule's :class:`Guess` (the tokens it commits without a verdict).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from specframe.models.base import ModelCall
+
+
+@dataclass(frozen=True)
+class LayoutTraits:
+    """What a model family's layout can express, in family-free terms.
+
+    Attributes:
+        free_bonus: The verifier scores the position right after a fully drafted window at no extra row
+            (a shifted next-token verifier, e.g. Nemotron's causal rows). When False (a same-position
+            verifier such as SetDLM's mask rows), verification ends at the window's last position.
+        any_order: The verifier can check positions in any order; when False, only left to right.
+    """
+
+    free_bonus: bool
+    any_order: bool
+
+
+
+class Guess(NamedTuple):
+    """Tokens a lossy schedule (``exact = False``, such as ``native``) commits without a verdict.
+
+    Attributes:
+        pairs: ``(position, token)`` pairs, in the order they are accepted.
+    """
+
+    pairs: tuple[tuple[int, int], ...]
+
 
 
 @dataclass(frozen=True)

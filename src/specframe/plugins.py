@@ -205,7 +205,7 @@ class Registry:
             plural = label[:-1] + "ies" if label.endswith("y") else label + "s"
             message = f"unknown {label} {name!r}; known {plural}: {', '.join(known) or 'none'}"
             message += f"; did you mean {close[0]!r}?" if close else ""
-            raise UnknownPluginError(message + self._excluded_hint(kind, name) + self._failure_hint())
+            raise UnknownPluginError(message + self.unavailable_hint(kind, name))
         if len(group) > 1:
             owners = " and ".join(f"plugin {e.plugin!r} (distribution {e.distribution!r})" for e in group)
             others = sorted({e.distribution for e in group} - {BUILTIN_DISTRIBUTION})
@@ -218,6 +218,10 @@ class Registry:
                 remedy = f"uninstall one of them or restrict loading with {LOAD_ENV}"
             raise DuplicatePluginError(f"{label} {name!r} is registered by both {owners}; {remedy}")
         return group[0]
+
+    def unavailable_hint(self, kind: str, name: str) -> str:
+        """Why ``name`` may be missing for ``kind``: an excluded installed plugin or a failed one ("" if none)."""
+        return self._excluded_hint(kind, name) + self._failure_hint()
 
     def _excluded_hint(self, kind: str, name: str) -> str:
         # Only now, to explain an unknown name, are the excluded entry points imported and asked.

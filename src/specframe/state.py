@@ -12,27 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from specframe.acceptance.base import AcceptanceRule, DraftRef
 from specframe.orders.base import OrderPolicy
-
-
-@dataclass(frozen=True)
-class LayoutTraits:
-    """What a model family's layout can express, in family-free terms.
-
-    Attributes:
-        free_bonus: The verifier scores the position right after a fully drafted window at no extra row
-            (a shifted next-token verifier, e.g. Nemotron's causal rows). When False (a same-position
-            verifier such as SetDLM's mask rows), verification ends at the window's last position.
-        any_order: The verifier can check positions in any order; when False, only left to right.
-    """
-
-    free_bonus: bool
-    any_order: bool
+from specframe.plan import LayoutTraits
 
 
 @dataclass(frozen=True)
@@ -95,10 +80,6 @@ class DecodeState:
         start: The first output position (the prompt's length n).
         end: The last output position the length limit allows (``n + L - 1``).
         width: The width of the call being planned (``ctx.width`` unless a schedule choosing it per call sets it).
-        scratch: A schedule's own per-request state: an empty dict at the start of every request, which the
-            library never reads. One schedule object serves every request of a decoder (and streamed
-            requests may interleave), so a schedule keeps what it must remember between the calls of one
-            request here, under keys of its own (its name, say), never on ``self``.
         pending: Accepted ``(position, token)`` pairs not yet in the KV cache, in acceptance order (what a
             plan hands the next call; the prompt before the first call).
         highest: No accepted output position is higher (an upper bound).
@@ -112,7 +93,6 @@ class DecodeState:
     scores: dict[int, float] = field(default_factory=dict)
     verifications: list[Verification] = field(default_factory=list)
     calls: int = 0
-    scratch: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.prompt = tuple(int(t) for t in self.prompt)

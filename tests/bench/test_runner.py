@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from specframe.acceptance.greedy import GreedyAcceptance
 from specframe.bench import BenchSettings, merge_runs, run_bench
 from specframe.bench.records import lock_folder, read_records, record_key
 from specframe.bench.runner import select_examples, turn_order
@@ -259,6 +260,41 @@ def test_a_lossy_method_is_labelled_and_compared_token_for_token_with_the_baseli
     from specframe.bench.plots import _groups
 
     assert [schedule for schedule, _ in _groups(summary, "throughput_ratio")] == ["native*", "packed"]
+
+
+class _LossyGreedy(GreedyAcceptance):
+    """A plugin's rule that does not sample and is declared lossy (it accepts as greedy does, for the test)."""
+
+    exact = False
+
+
+class _LossyPlugin:
+    from specframe.hookspecs import hookimpl
+
+    @hookimpl
+    def register_acceptance_rules(self, register):
+        register("lossy", _LossyGreedy)
+
+
+def test_a_lossy_rule_is_compared_with_an_exact_ar_and_claims_no_temperature(tmp_path, tiny_setdlm):
+    from specframe.plugins import plugin_registered
+
+    notes = []
+    with plugin_registered(_LossyPlugin(), "lossy_plugin"):
+        summary, report = run_bench(
+            settings(schedules=["ar", "packed"], acceptance="lossy"), tmp_path, model=tiny_setdlm, progress=False,
+            log=notes.append, plots=False,
+        )  # fmt: skip
+    records = read_records(tmp_path / "records.jsonl")
+    assert {r["method"]: r["exact"] for r in records} == {"ar": True, "packed/w2": False}  # ar is the exact AR
+    assert all(r["temperature"] == 0 and r["stochastic"] is False for r in records)
+    assert any("ar decodes with the exact rule greedy" in note for note in notes)
+    methods = {m["method"]: m for m in summary["methods"]}
+    assert methods["ar"]["exact"] is True and methods["packed/w2"]["exact"] is False
+    assert methods["packed/w2"]["same_as_baseline"]["baseline"] == "ar"
+    title = report.splitlines()[0]
+    assert "T=" not in title and "acceptance lossy, which does not sample" in title, title
+    assert summary["temperature"] == 0
 
 
 def test_an_empty_prompt_fails_before_any_record_and_on_resume_alike(tmp_path, tiny_setdlm):

@@ -151,8 +151,11 @@ def test_existing_out_is_kept_without_overwrite(converted, tmp_path):
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
     file = tmp_path / "a-file"
     file.write_text("mine")
-    with pytest.raises(ConfigError, match="a file is already there"):
-        convert(source, file, dtype="float32", overwrite=True)
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match="a file is already there, and a converted model is a folder") as info:
+            convert(source, file, dtype="float32", overwrite=overwrite)
+        assert "pass --overwrite" not in str(info.value)  # it would not help: --overwrite replaces folders only
+        assert ("--overwrite replaces only a model folder" in str(info.value)) is overwrite
     assert file.read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "out"]  # no staging folder either
     convert(source, out, dtype="float32", overwrite=True)

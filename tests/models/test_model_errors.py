@@ -121,8 +121,11 @@ def test_a_weight_file_that_cannot_be_read_is_not_called_missing(nemotron_copy):
 
 def test_unknown_model_type_lists_known_ones(nemotron_copy):
     _edit_config(nemotron_copy, model_type="llama")
-    with pytest.raises(CheckpointError, match=r"model_type 'llama'.*'bd3lm'.*'nemotron_labs_diffusion'"):
+    with pytest.raises(CheckpointError, match=r"model_type 'llama'.*'bd3lm'.*'nemotron_labs_diffusion'") as info:
         load_model(nemotron_copy)
+    # a command-line user has no family= to pass: the way forward there is `specframe convert`
+    assert f"`specframe convert {nemotron_copy} --out NEW-FOLDER`" in str(info.value)
+    assert "from Python, pass family=..." in str(info.value)
 
 
 def test_missing_config_fields_are_all_named(nemotron_copy):

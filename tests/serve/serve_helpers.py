@@ -15,7 +15,7 @@ from specframe import compose
 from specframe.models.chat import render_chat
 from specframe.serve.app import ServerSettings, create_app
 from specframe.serve.builder import decoder_factory
-from specframe.serve.engine import Engine, StepperBatch
+from specframe.serve.engine import Engine
 from specframe.serve.protocol import Defaults, Limits
 
 
@@ -141,7 +141,7 @@ def start_server(
         decoder_factory(model, threads=1, max_tokens=256, exact_only=exact_only),
         max_active=max_active,
         max_queue=max_queue,
-        batch=StepperBatch(max_rows=max_rows),
+        max_rows=max_rows,
     )
     settings = ServerSettings(
         served_name=SERVED,

@@ -5,17 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 
-from serve_helpers import expected_text, offline
+from serve_helpers import acceptance, expected_text, offline
 
+from specframe.batching import Batch
 from specframe.serve.builder import decoder_factory
-from specframe.serve.engine import Engine, StepperBatch
+from specframe.serve.engine import Engine
 from specframe.serve.protocol import DecodeOptions, Job
 
 GREEDY = DecodeOptions(json.dumps("packed"), json.dumps("ltr"), json.dumps("greedy"), 4)
 
 
-class CountingBatch(StepperBatch):
-    """The stepper batch, recording how many requests each step advanced."""
+class CountingBatch(Batch):
+    """The engine core's batch, recording how many requests each step advanced."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -65,7 +66,7 @@ def test_requests_beyond_the_batch_are_admitted_as_others_retire(served_model):
         expected = offline(served_model, served_model.encode_prompt(prompt), max_tokens=8)
         assert event.generation.output_ids == expected.output_ids
         assert expected_text(served_model, event.generation) == expected_text(served_model, expected)
-    assert engine.pool.composed <= 2  # decoders are reused across requests with the same options
+    assert engine.decoders.composed == 1  # one decoder serves every request with the same options
 
 
 def test_one_step_advances_every_admitted_request(served_model):
@@ -124,3 +125,19 @@ def test_a_request_cancelled_while_it_is_admitted_is_retired_before_it_decodes(s
     finally:
         engine.close()
         loop.close()
+
+
+def test_concurrent_sampled_requests_with_width_auto_each_give_their_output_alone(served_model):
+    """Served requests share one decoder per option set; each plans with its own schedule copy, so sampled
+    width-auto requests admitted, stepped and retired together each give what ``generate`` gives alone."""
+    sampled = DecodeOptions(json.dumps("packed"), json.dumps("ltr"), json.dumps(acceptance(0.8)), "auto")
+    prompts = PROMPTS * 2
+    jobs = [Job("completion", served_model.encode_prompt(p), sampled, 12, seed, stream=True)
+            for seed, p in enumerate(prompts)]  # fmt: skip
+    engine = Engine(decoder_factory(served_model, threads=1, max_tokens=64), max_active=5)
+    results = _run(engine, jobs)
+    for seed, (prompt, event) in enumerate(zip(prompts, results, strict=True)):
+        expected = offline(served_model, served_model.encode_prompt(prompt), width="auto", temperature=0.8,
+                           max_tokens=12, seed=seed)  # fmt: skip
+        assert event.kind == "done" and event.generation.output_ids == expected.output_ids
+    assert engine.decoders.composed == 1

@@ -119,8 +119,6 @@ def test_options_are_validated_and_described(models):
         compose({"model": model, "schedule": {"name": "adaptive-packed", "patience": 0}})
     with pytest.raises(ConfigError, match="does not take option"):
         compose({"model": model, "schedule": {"name": "adaptive-packed", "threshold": 0.5}})
-    with pytest.raises(ConfigError, match="cannot have its width chosen"):  # no cost model chooses it
-        compose({"model": model, "schedule": {"name": "adaptive-packed", "cooldown": 2}})
     decoder = compose({"model": model, "schedule": {"name": "adaptive-packed", "cooldown": 2}, "width": 8})
     assert decoder.describe()["schedule"] == {
         "name": "adaptive-packed",
@@ -128,6 +126,20 @@ def test_options_are_validated_and_described(models):
         "patience": 3,
         "cooldown": 2,
     }
+
+
+def test_the_default_width_runs_it_at_its_declared_width(tmp_path, capsys):
+    """No width given (width "auto", the default): it runs at W = 8 and picks each call's width up to that."""
+    from specframe.cli import main
+
+    model = tiny_model(NEMOTRON, tmp_path / "model", seed=1)
+    config = {"model": model, "schedule": {"name": "adaptive-packed", "min_width": 3}, "max_new_tokens": 12}
+    decoder = compose(config)
+    assert decoder.describe()["width"] == 8
+    prompt = [3, 5, 7, 11]
+    assert decoder.generate(prompt_ids=prompt).output_ids == generate(model, "ar", prompt, 12, "auto").output_ids
+    args = ["generate", "--model", str(tmp_path / "model"), "--schedule", "adaptive-packed:min_width=3"]
+    assert main([*args, "--max-new-tokens", "4", "--prompt-ids", "3,5,7"]) == 0, capsys.readouterr().err
 
 
 class CountingModel(ModelBackend):

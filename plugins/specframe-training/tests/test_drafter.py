@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict, fields
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,3 +217,68 @@ def test_train_drafter_cli_attaches_the_adapter(drafter_run, converted, tmp_path
     assert err.count("\n") == 1 and "nope" in err
     assert main(["train-drafter", str(folder), "--work-dir", str(work), "--steps", "40"]) == 1
     assert "other settings" in capsys.readouterr().err
+
+
+def test_alpha_follows_the_rank_unless_given():
+    assert DrafterConfig().alpha == 128.0  # rank 64: the shipped drafter's settings
+    assert DrafterConfig(rank=8).alpha == 16.0  # the update's scale alpha / rank stays 2
+    assert DrafterConfig(rank=8, alpha=4).alpha == 4
+    with pytest.raises(ConfigError, match="alpha must be a number > 0"):
+        DrafterConfig(alpha=0)
+
+
+def test_other_settings_in_a_run_folder_name_both_values_and_both_ways_on(tmp_path):
+    work = tmp_path / "run"
+    work.mkdir()
+    model = tmp_path / "model"
+    stored = {"model": str(model.resolve()), **asdict(DrafterConfig(rank=16))}
+    (work / "settings.json").write_text(json.dumps(stored))
+    with pytest.raises(ConfigError) as info:  # refused before the model is read
+        train_drafter(model, work, DrafterConfig(rank=8), threads=1, log=lambda line: None)
+    message = str(info.value)
+    assert "stored: alpha=32.0, rank=16; given: alpha=16.0, rank=8" in message
+    assert "to resume that run, give what it stored (--set alpha=32.0, --set rank=16)" in message
+    assert "to train with the new settings, use a new --work-dir" in message
+
+
+@pytest.fixture
+def model_folder(tmp_path):
+    """A folder that passes the command's first check (a config.json); nothing loads it in these tests."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def test_an_interrupted_run_says_how_to_resume_it(model_folder, tmp_path, monkeypatch, capsys):
+    from specframe_training import drafter
+
+    from specframe.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(drafter, "train_drafter", interrupted)
+    work = tmp_path / "run"
+    assert main(["train-drafter", str(model_folder), "--work-dir", str(work)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: interrupted; {work} keeps the run") and err.count("\n") == 1
+    assert "run the same command again to resume it" in err
+
+
+def test_a_work_dir_that_is_a_file_is_refused_clearly(model_folder, tmp_path, capsys):
+    from specframe.cli import main
+
+    work = tmp_path / "run.txt"
+    work.write_text("mine")
+    assert main(["train-drafter", str(model_folder), "--work-dir", str(work)]) == 1
+    err = capsys.readouterr().err
+    assert f"--work-dir {work} is an existing file, not a folder" in err and "internal error" not in err
+    assert work.read_text() == "mine"
+
+
+def test_every_setting_is_documented_with_its_default():
+    page = Path(__file__).resolve().parents[3] / "docs" / "models" / "bring-your-own.md"
+    rows = {line.split("|")[1].strip(" `"): line for line in page.read_text().splitlines() if line.startswith("| `")}
+    for setting in fields(DrafterConfig):
+        assert setting.name in rows, f"drafter setting {setting.name} is not in the settings table of {page.name}"

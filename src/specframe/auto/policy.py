@@ -13,11 +13,13 @@ Batching (the concurrency-aware choice): when the call was a forward shared with
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from specframe.auto.costs import CostModel
 from specframe.auto.rates import AR, Candidate, Rates, best, steady_state
-from specframe.auto.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTokens
+from specframe.auto.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTokens, PooledCounts
 
 #: Calls between two re-estimations of plain AR calls and the widths next to the current pick.
 REFRESH_CALLS = 16
@@ -48,6 +50,38 @@ CONTEXT_STEP = 64
 FARTHEST = {"packed": ("prefix",), "linear": ("prefix",), "quadratic": ("branch",), "kbranch": ("prefix", "branch")}
 
 
+@dataclass
+class Learning:
+    """What the requests of one width chooser learn together, held by its template :class:`WidthPolicy`.
+
+    Each request chooses with a policy of its own (:meth:`WidthPolicy.for_request`); they share this record.
+    Sharing is allowed only where the widths cannot change a request's output (greedy, left to right, exact
+    rule): then what other requests taught changes how fast a request decodes, never what it decodes. Where the
+    widths do change the output (sampling, any-order verification, a lossy rule) the policy is
+    ``deterministic`` and every request learns alone, so its output is a function of its own prompt, settings
+    and seed.
+
+    Attributes:
+        pooled: Acceptance by draft offset over the requests so far (the next request's prior).
+        tokens: Realized over predicted tokens per candidate.
+        times: Observed over predicted call seconds (``None`` where calls are not timed).
+        pick: The candidate chosen last (a new request starts from it).
+        rates: The latest throughput estimate of each candidate, by label.
+        verified: Verifications that checked a draft.
+        ar_streak: Plain AR calls chosen in a row since the last drafting call (the next probe's clock).
+        probe_after: Plain AR calls in a row after which drafting is probed again.
+    """
+
+    pooled: PooledCounts
+    tokens: CallTokens
+    times: CallTimes | None
+    pick: Candidate | None = None
+    rates: dict[str, float] = field(default_factory=dict)
+    verified: int = 0
+    ar_streak: int = 0
+    probe_after: int = PROBE_AFTER
+
+
 class WidthPolicy:
     """Chooses among ``candidates`` by expected tokens per second.
 
@@ -68,8 +102,8 @@ class WidthPolicy:
         self.drafting = [c for c in self.candidates if c.kind != "ar"]
         self.rows, self.size, self.free_bonus, self.k = rows, size, free_bonus, k
         self.cost: CostModel | None = None
-        self.times: CallTimes | None = None
         self.deterministic = False
+        self._report = AcceptanceStats.pooled_record(size)  # acceptance of every request, for reports only
         self.reset()
 
     def bind(self, cost: CostModel, *, deterministic: bool) -> None:
@@ -78,34 +112,48 @@ class WidthPolicy:
         ``deterministic``: nothing is timed, batches are ignored, every request starts from nothing learned.
         """
         self.cost, self.deterministic = cost, deterministic
-        self.times = None if deterministic or cost.source in ("given", "nominal") else CallTimes()
+        self.reset()
 
     def reset(self) -> None:
-        """Forget everything learned."""
-        self.stats = AcceptanceStats(self.size)
-        self.tokens = CallTokens()
+        """Forget everything learned (what this policy's requests share, and the current request's state)."""
+        timed = self.cost is not None and not self.deterministic and self.cost.source not in ("given", "nominal")
+        self.learning = Learning(AcceptanceStats.pooled_record(self.size), CallTokens(), CallTimes() if timed else None)
+        self._begin()
+
+    def for_request(self) -> WidthPolicy:
+        """The policy of one request: its own choice state, and this policy's learning (see :class:`Learning`).
+
+        A ``deterministic`` policy shares nothing that a choice reads: its request starts from nothing learned.
+        """
+        policy = copy.copy(self)
+        policy.start_request()
+        return policy
+
+    def start_request(self) -> None:
+        """A new request: the last pick carries over, re-estimated against its neighbours at the first call."""
+        if self.deterministic:
+            self.reset()
+        else:
+            self._begin()
+
+    def _begin(self) -> None:
+        """The state of one request, on what the shared learning holds."""
+        learning = self.learning
+        report = self._report if self.deterministic else None  # shared learning reports itself
+        self.stats = AcceptanceStats(self.size, pooled=learning.pooled, report=report)
+        self.tokens, self.times = learning.tokens, learning.times
         #: The latest throughput estimate (tokens per second) of each candidate, by label.
-        self.rates: dict[str, float] = {}
-        self.chosen: Candidate | None = None
+        self.rates: dict[str, float] = dict(learning.rates)
+        self.chosen: Candidate | None = learning.pick
         self.current: Candidate | None = None
         self.batch_rows: int | None = None  # other requests' rows in the last shared forward
-        self._probe, self._probe_left, self._probe_after, self._judge_probe = AR, 0, PROBE_AFTER, False
-        self._ar_streak = 0
-        self._learned = 0  # verifications that checked a draft
+        self._probe, self._probe_left, self._judge_probe = AR, 0, False
         self._estimated = (-1, -1, 0, 0)  # (learned, timing revision, batch, context) at the last estimate
         self._estimates = 0
         self._untried: tuple[int, Candidate] | None = None  # (estimates, pick) when no trial was worth it
         self._predicted_tokens: dict[str, float] = {}
         self._expect: float | None = None
         self._last_label: str | None = None
-        self._since_refresh, self._since_scan = REFRESH_CALLS, FULL_SCAN_CALLS
-
-    def start_request(self) -> None:
-        """A new request: the last pick carries over, re-estimated against its neighbours at the first call."""
-        if self.deterministic:
-            self.reset()
-        self.stats.start_request()
-        self.current, self._last_label, self._probe_left, self._judge_probe = None, None, 0, False
         self._since_refresh = REFRESH_CALLS
         self._since_scan = 0 if self.chosen is not None else FULL_SCAN_CALLS
 
@@ -130,7 +178,7 @@ class WidthPolicy:
         """
         if chain:
             self.stats.observe(chain, min(accepted, len(chain)))
-            self._learned += 1
+            self.learning.verified += 1
         if self._expect is not None:
             self.tokens.observe(self.current.label, self._expect, added)
         self._since_refresh += 1
@@ -154,11 +202,12 @@ class WidthPolicy:
 
     def _pick(self, context: int) -> Candidate:
         refreshed = self._since_refresh >= REFRESH_CALLS or self.chosen is None
+        learning = self.learning  # the probes' clock is shared: a request's AR calls count for the next one
         chosen = self._estimate(context)
         if self._judge_probe:  # the estimate right after a probe of drafting from AR calls
             self._judge_probe = False
             failed = chosen.kind == "ar"
-            self._probe_after = min(2 * self._probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
+            learning.probe_after = min(2 * learning.probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
         if refreshed and (self._estimates, chosen) != self._untried:
             trial = self._worth_trying(chosen)
             if trial is not None:
@@ -166,16 +215,16 @@ class WidthPolicy:
             if self.times is None or self.times.count(chosen.label):
                 self._untried = (self._estimates, chosen)
         if chosen.kind != "ar":
-            self._ar_streak = 0
+            learning.ar_streak = 0
             return chosen
-        self._ar_streak += 1
-        if self._ar_streak < self._probe_after or not self.drafting:
+        learning.ar_streak += 1
+        if learning.ar_streak < learning.probe_after or not self.drafting:
             return chosen
         if self.batch_rows and not self._drafting_can_pay(context):
             # In this batch no draft pays even if all of it is accepted: as a failed probe, look again later.
-            self._ar_streak, self._probe_after = 0, min(2 * self._probe_after, PROBE_AFTER_MAX)
+            learning.ar_streak, learning.probe_after = 0, min(2 * learning.probe_after, PROBE_AFTER_MAX)
             return chosen
-        self._ar_streak, self._judge_probe = 0, True
+        learning.ar_streak, self._judge_probe = 0, True
         # Probe conservatively: the narrowest drafting candidate of the best-rated schedule.
         top = max(self.drafting, key=lambda c: self.rates.get(c.label, 0.0))
         return self._start_probe(min((c for c in self.drafting if c.kind == top.kind), key=lambda c: c.width))
@@ -223,12 +272,13 @@ class WidthPolicy:
             return self.chosen
         revision = self.times.revision if self.times is not None else 0
         batch = self.batch_rows.bit_length() if self.batch_rows else 0  # other requests' rows, by powers of 2
-        if self.chosen is not None and (self._learned, revision, batch) == self._estimated[:3]:
+        learned = self.learning.verified
+        if self.chosen is not None and (learned, revision, batch) == self._estimated[:3]:
             # Nothing learned and the batch about as wide since the last estimate; only the context moved.
             if self._since_scan < FULL_SCAN_CALLS or abs(context - self._estimated[3]) < CONTEXT_STEP:
                 self._since_refresh = 0
                 return self.chosen
-        self._estimated = (self._learned, revision, batch, context)
+        self._estimated = (learned, revision, batch, context)
         self._estimates += 1
         candidates = self.candidates
         if self.chosen is not None and self._since_scan < FULL_SCAN_CALLS:
@@ -254,11 +304,12 @@ class WidthPolicy:
                 chosen = current
         # Drafting must not be pessimistically worse than plain AR calls once a draft was verified (before,
         # the estimate is the prior's, and drafting is how it learns).
-        if chosen.kind != "ar" and "ar" in rates and self._learned:
+        if chosen.kind != "ar" and "ar" in rates and learned:
             if self._switch_gain(chosen, AR, low) > 1 + SWITCH_MARGIN:
                 chosen = AR
-        self.chosen = chosen
+        self.chosen = self.learning.pick = chosen
         self.rates.update(rates)
+        self.learning.rates.update(rates)
         self._since_refresh = 0
         return chosen
 

@@ -78,9 +78,8 @@ class AutoSchedule(Schedule):
         self._rows_of_plan: Callable[[CallPlan], int] | None = None
         self._planners: dict[Candidate, Schedule] = {}
         self._rows: dict[tuple[Candidate, int, int], int] = {}
-        #: The policy of each decoder width (``width + 1``), shared with a batch's copies (their learning).
+        #: The template policy of each decoder width (``width + 1``): what its requests learn together.
         self._policies: dict[int, WidthPolicy] = {}
-        self._copied = False
         self._offsets: dict[int, tuple[str, int]] = {}
         self._ctx = None
 
@@ -111,7 +110,14 @@ class AutoSchedule(Schedule):
     @property
     def rates(self) -> dict[str, float]:
         """The latest throughput estimate (tokens per second) of each candidate, by label."""
-        return self.policy.rates if self.policy is not None else {}
+        if self.policy is not None:
+            return self.policy.rates
+        return self.learned.learning.rates if self.learned is not None else {}
+
+    @property
+    def learned(self) -> WidthPolicy | None:
+        """The template policy the requests of this schedule learned together (the latest width's), if any."""
+        return next(reversed(self._policies.values()), None)
 
     def candidates(self, maximum: int) -> list[Candidate]:
         """Every candidate for a decoder width of ``maximum``; remembers which schedule plans each."""
@@ -124,7 +130,7 @@ class AutoSchedule(Schedule):
                     planners[Candidate(schedule.rate_model, width, schedule.name)] = schedule
         if not planners:
             raise ValueError(f"no width of {[s.name for s in self.schedules]} fits a decoder width of {maximum}")
-        self._planners.update(planners)  # shared with a batch's copies: a candidate always has one planner
+        self._planners.update(planners)
         return list(planners)
 
     def describe(self) -> dict[str, object]:
@@ -135,23 +141,26 @@ class AutoSchedule(Schedule):
         if len(self.schedules) > 1 or any(s.rate_model == "kbranch" for s in self.schedules):
             out["candidates"] = [s.name for s in self.schedules]
             out["k"] = self.k
-        if self.policy is not None:
-            out.update(self.policy.stats.describe())
+        policy = self.learned if self.policy is None else self.policy
+        if policy is not None:
+            out.update(policy.stats.describe())
         return out
 
-    def __copy__(self) -> AutoSchedule:
-        """A copy for one request of a batch: its own pick, probes and draft offsets; learned statistics shared.
+    def for_request(self) -> AutoSchedule:
+        """The schedule of one request: its own pick, probes and draft offsets; the learning is the template's.
 
-        Interleaved requests must not share the policy's per-request state: the candidate that planned a call
-        is the one that judges its result.
+        Interleaved requests never share the policy's per-request state (the candidate that planned a call is
+        the one that judges its result); what they share, and when, is :class:`~specframe.auto.policy.Learning`'s
+        rule. The schedules it chooses among are copied for the request too (their ``for_request``); the rows
+        memo and the cost model are layout and machine facts, shared.
         """
         if self._cost_source is not None and self._rows_of_plan is not None:
             _ = self.cost  # got once here, not once per request
-        copied = type(self).__new__(type(self))
-        copied.__dict__.update(self.__dict__)
-        copied._offsets, copied._copied = {}, True
-        if self.policy is not None:
-            copied.policy = copy.copy(self.policy)
+        copied = copy.copy(self)
+        copied.policy, copied._offsets, copied._ctx = None, {}, None
+        copied.schedules = [schedule.for_request() for schedule in self.schedules]  # each plans this request only
+        own = {id(schedule): mine for schedule, mine in zip(self.schedules, copied.schedules, strict=True)}
+        copied._planners = {candidate: own.get(id(p), p) for candidate, p in self._planners.items()}
         return copied
 
     def label(self) -> str:
@@ -202,17 +211,16 @@ class AutoSchedule(Schedule):
         ctx = state.ctx
         if self._rows_of_plan is None:
             raise RuntimeError("AutoSchedule needs bind(cost, rows) before use; compose() does this")
-        if self.policy is None or self.policy.size != ctx.width + 1:
-            shared = self._policies.get(ctx.width + 1)
-            if shared is None:
-                shared = WidthPolicy(self.candidates(ctx.width), self._row_count, size=ctx.width + 1,
-                                     free_bonus=ctx.traits.free_bonus, k=self.k)  # fmt: skip
-                shared.bind(self.cost, deterministic=self.deterministic)
-                self._policies[ctx.width + 1] = shared
-            self.policy = copy.copy(shared) if self._copied else shared
+        candidates = self.candidates(ctx.width)  # and this request's planner of each
+        template = self._policies.get(ctx.width + 1)
+        if template is None:
+            template = WidthPolicy(candidates, self._row_count, size=ctx.width + 1, free_bonus=ctx.traits.free_bonus,
+                                   k=self.k)  # fmt: skip
+            template.bind(self.cost, deterministic=self.deterministic)
+            self._policies[ctx.width + 1] = template
+        self.policy = template.for_request()
         self._ctx = replace(ctx, eos_token_ids=frozenset(), stop_sequences=(), stop_texts=())
         self._offsets = {}
-        self.policy.start_request()
 
     # -- rows of a candidate's calls, from the family's layout of its plan -----------------------------
     def _row_count(self, candidate: Candidate, kappa: int) -> int:
@@ -232,7 +240,7 @@ class AutoSchedule(Schedule):
             proposals = Proposals(torch.zeros(kappa, dtype=torch.long), torch.ones(kappa))
             window = state.window()[:kappa]
             state.set_drafts({p: DraftRef(proposals, i) for i, p in enumerate(window)}, {})
-        return self._planners[candidate].plan(state)
+        return self._planners[candidate].for_request().plan(state)  # a throwaway copy: no request's state
 
 
 def _draft_offsets(state: DecodeState, plan: CallPlan) -> dict[int, tuple[str, int]]:

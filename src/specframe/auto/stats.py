@@ -34,30 +34,47 @@ def default_prior(size: int) -> list[float]:
     return [max(0.2, 0.5 - 0.03 * max(d - 1, 0)) for d in range(size + 1)]
 
 
-def _zeros(size: int) -> dict[str, tuple[list[float], list[float]]]:
+#: Accepted and checked draft tokens by offset, per draft source.
+PooledCounts = dict[str, tuple[list[float], list[float]]]
+
+
+def _zeros(size: int) -> PooledCounts:
     return {s: ([0.0] * (size + 1), [0.0] * (size + 1)) for s in SOURCES}
 
 
 class AcceptanceStats:
     """Decayed acceptance counts by draft source and offset, with priors.
 
+    The *recent* counts are one request's; the *pooled* counts (never decayed) are what earlier requests
+    checked, and become the prior of the next request. Requests that share learning share one pooled
+    record (:meth:`pooled_record`): each request has an ``AcceptanceStats`` of its own built on it.
+
     Args:
         size: Largest offset tracked (larger offsets share the last bucket).
         weight: Pseudo-observations a prior counts for.
         decay: Factor applied to the recent counts at each verification (0 < decay <= 1).
+        pooled: The pooled counts to read the prior from and add to (a fresh record by default).
+        report: Pooled counts kept for reports only (:meth:`describe`, :meth:`checked`); ``pooled`` by default.
     """
 
-    def __init__(self, size: int, *, weight: float = 3.0, decay: float = 0.97) -> None:
+    def __init__(
+        self, size: int, *, weight: float = 3.0, decay: float = 0.97, pooled: PooledCounts | None = None,
+        report: PooledCounts | None = None,
+    ) -> None:  # fmt: skip
         self.size, self.weight, self.decay = size, weight, decay
-        self.prior = self._blend([0.0] * (size + 1), [0.0] * (size + 1), default_prior(size), falloff=True)
-        self._recent = _zeros(size)
-        self._scale = 1.0  # recent counts are stored divided by the decay so far (decayed lazily)
-        self._pooled = _zeros(size)
+        self._pooled = self.pooled_record(size) if pooled is None else pooled
+        self._report = self._pooled if report is None else report
+        self.start_request()
+
+    @staticmethod
+    def pooled_record(size: int) -> PooledCounts:
+        """Empty pooled counts for offsets up to ``size`` (to share between requests' statistics)."""
+        return _zeros(size)
 
     def start_request(self) -> None:
         """Begin a request: the pooled prefix estimate so far becomes the prior, recent counts are cleared."""
         self.prior = self._blend(*self._pooled["prefix"], default_prior(self.size), falloff=True)
-        self._recent, self._scale = _zeros(self.size), 1.0
+        self._recent, self._scale = _zeros(self.size), 1.0  # recent counts are stored divided by the decay so far
 
     def observe(self, chain: Sequence[tuple[str, int]], accepted: int) -> None:
         """Record one verification.
@@ -77,13 +94,16 @@ class AcceptanceStats:
         unit = 1.0 / self._scale
         for rank, (source, offset) in enumerate(chain):
             bucket = min(max(offset, 1), self.size)
-            recent, pooled = self._recent[source], self._pooled[source]
+            recent = self._recent[source]
             recent[1][bucket] += unit
-            pooled[1][bucket] += 1.0
+            totals = [self._pooled[source]] + ([self._report[source]] if self._report is not self._pooled else [])
+            for pooled in totals:
+                pooled[1][bucket] += 1.0
             if rank >= accepted:
                 break
             recent[0][bucket] += unit
-            pooled[0][bucket] += 1.0
+            for pooled in totals:
+                pooled[0][bucket] += 1.0
 
     def _recent_counts(self, source: str) -> tuple[list[float], list[float]]:
         return tuple([value * self._scale for value in column] for column in self._recent[source])
@@ -111,7 +131,7 @@ class AcceptanceStats:
         return out
 
     def checked(self, source: str, offset: int) -> float:
-        """Draft tokens of ``source`` at ``offset`` checked so far, over every request (not decayed)."""
+        """Draft tokens of ``source`` at ``offset`` checked so far, over every request pooled (not decayed)."""
         return self._pooled[source][1][min(max(offset, 1), self.size)]
 
     def _blend(self, accepted, checked, prior, *, falloff: bool = False) -> list[float]:
@@ -126,7 +146,7 @@ class AcceptanceStats:
         """Pooled acceptance by source and offset (JSON-friendly)."""
         out: dict[str, object] = {}
         for source in SOURCES:
-            accepted, checked = self._pooled[source]
+            accepted, checked = self._report[source]
             out[f"{source}_acceptance_by_offset"] = [
                 round(a / c, 4) if c else None for a, c in zip(accepted[1:], checked[1:], strict=True)
             ]

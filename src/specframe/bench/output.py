@@ -13,8 +13,9 @@ from specframe.bench.plots import plot_comparisons
 from specframe.bench.records import SUMMARY_FILE, write_failed, write_json
 from specframe.bench.report import format_report
 from specframe.bench.settings import BenchSettings
-from specframe.bench.summary import summarize
+from specframe.bench.summary import record_sampled, summarize
 from specframe.models.hub import DEFAULT_MODEL, model_display_name
+from specframe.specs import spec_name
 
 
 def machine_description() -> dict[str, Any]:
@@ -106,7 +107,7 @@ def write_report(
         "task": settings.task,
         "model": run.get("model"),
         "repeats": settings.repeats,
-        "temperature": settings.temperature,
+        "temperature": settings.temperature if any(record_sampled(r) for r in records) else 0.0,
         "order": settings.order,
         **summary,
         "settings": settings.to_dict(),
@@ -121,5 +122,17 @@ def write_report(
             plot_comparisons(summary, folder, title=f"{model_name} on {settings.task}, ")
         except OSError as exc:
             raise write_failed(exc.filename or f"the plots in {folder}", exc) from exc
-    title = f"{settings.task} on {model_name} ({settings.order}, T={settings.temperature:g}): "
+    title = f"{settings.task} on {model_name} ({settings.order}, {sampling(settings, records)}): "
     return summary, format_report(summary, title=title)
+
+
+def sampling(settings: BenchSettings, records: Sequence[Mapping[str, Any]]) -> str:
+    """How the report's title names the acceptance: ``T=...`` where a rule samples, else what decoded greedily.
+
+    A rule that never draws from its generator (``greedy``, or a plugin's ``stochastic = False`` rule) has no
+    temperature to claim; ``T=0`` names greedy decoding.
+    """
+    if any(record_sampled(r) for r in records):
+        return f"T={settings.temperature:g}"
+    name = spec_name(settings.acceptance)
+    return "T=0" if name == "greedy" else f"acceptance {name}, which does not sample"

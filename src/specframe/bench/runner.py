@@ -42,10 +42,11 @@ from specframe.bench.settings import CHAT, MAX_REPEATS, BenchSettings, Method
 from specframe.bench.tasks import Example, Task, digest, get_task
 from specframe.decoder import Decoder, Generation, fits_context, seed_problem
 from specframe.errors import ConfigError, InputError, SpecframeError
+from specframe.exactness import declared_exact
 from specframe.models.base import ModelBackend
 from specframe.models.hub import model_display_name
 from specframe.models.tokenizer import unicode_problem
-from specframe.specs import parse_spec
+from specframe.specs import format_spec, parse_spec, spec_name
 
 
 def select_examples(examples: list[Example], settings: BenchSettings) -> list[Example]:
@@ -111,8 +112,15 @@ def load_task(settings: BenchSettings) -> tuple[Task, list[Example]]:
     return task, examples
 
 
-def compose_decoders(model: ModelBackend, settings: BenchSettings) -> dict[Method, Decoder]:
-    """One decoder per method (each concurrency its own, so what one learns never leaks into another's run)."""
+def compose_decoders(
+    model: ModelBackend, settings: BenchSettings, *, log: Callable[[str], None] | None = None
+) -> dict[Method, Decoder]:
+    """One decoder per method (each concurrency its own, so what one learns never leaks into another's run).
+
+    ``ar`` is the exact reference: where ``--acceptance`` is not declared exact (a lossy rule), ``ar`` decodes
+    with the exact rule of the same kind instead (:func:`exact_counterpart`), so that the lossy rule's methods
+    are compared with the AR model's own output; ``log`` (if given) gets a one-line note saying so.
+    """
     from specframe.config import compose
 
     decoders = {}
@@ -120,22 +128,43 @@ def compose_decoders(model: ModelBackend, settings: BenchSettings) -> dict[Metho
         schedule: Any = parse_spec(method.schedule, option="--schedules")
         if method.name == "native" and settings.threshold is not None:
             schedule = {"name": "native", "threshold": settings.threshold, **method.options}
-        decoders[method] = compose(
-            {
-                "model": model,
-                "schedule": schedule,
-                "order": parse_spec(settings.order, option="--order"),
-                "acceptance": settings.acceptance,
-                "width": method.width if method.width is not None else "auto",  # ar: no width
-                "max_new_tokens": settings.max_new_tokens,
-                "seed": settings.seed,
-                "adapter": settings.adapter,
-                "stop": list(settings.stop),
-                "threads": settings.threads,
-                "compile": settings.compile,
-            }
-        )
+        config = {
+            "model": model,
+            "schedule": schedule,
+            "order": parse_spec(settings.order, option="--order"),
+            "acceptance": settings.acceptance,
+            "width": method.width if method.width is not None else "auto",  # ar: no width
+            "max_new_tokens": settings.max_new_tokens,
+            "seed": settings.seed,
+            "adapter": settings.adapter,
+            "stop": list(settings.stop),
+            "threads": settings.threads,
+            "compile": settings.compile,
+        }
+        decoder = compose(config)
+        if method.name == "ar" and declared_exact(decoder.rule) is not True:
+            exact = exact_counterpart(decoder.rule)
+            decoder = compose({**config, "acceptance": exact})
+            if log is not None and method.concurrency == settings.concurrency[0]:
+                log(
+                    f"note: --acceptance {spec_name(settings.acceptance)} is not declared exact, so ar decodes with "
+                    f"the exact rule {format_spec(exact)}: the baseline the others are compared with is the AR output"
+                )
+        decoders[method] = decoder
     return decoders
+
+
+def exact_counterpart(rule: Any) -> str | dict[str, Any]:
+    """The exact built-in rule that decodes ``ar`` for a rule not declared exact.
+
+    Greedy for a rule that does not sample, else rejection sampling at the rule's own temperature (its
+    ``describe()``'s, else 1).
+    """
+    if not rule.stochastic:
+        return "greedy"
+    temperature = rule.describe().get("temperature", 1.0)
+    valid = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
+    return {"name": "rejection", "temperature": float(temperature) if valid else 1.0}
 
 
 def answer_text(model: ModelBackend, output_ids: list[int]) -> str:
@@ -186,7 +215,7 @@ def make_record(
         "width": method.width,
         "method": method.label,
         "order": settings.order,
-        "temperature": settings.temperature,
+        "temperature": 0.0 if stochastic is False else settings.temperature,  # a rule that does not sample has none
         "seed": seed,
         "prompt_tokens": len(result.prompt_ids),
         "output_ids": result.output_ids,
@@ -264,7 +293,7 @@ def run_bench(
                 pending = sum(len(w.examples) for w in todo)
                 log(f"resuming {folder}: {len(done)} responses stored, {pending} to go")
             model = model if model is not None else _load_model(settings)
-            decoders = compose_decoders(model, settings)  # bad settings fail here, before run.json is written
+            decoders = compose_decoders(model, settings, log=log)  # bad settings fail here, before run.json
             # Before any request (warm-up included): a schedule that learns (auto) would describe what it has seen.
             described = {method: decoder.schedule.describe() for method, decoder in decoders.items()}
             check_prompt_lengths(model, settings, list({ex.index: ex for w in todo for ex in w.examples}.values()))

@@ -2,7 +2,8 @@
 
 Per method, over the prompts that every method completed (all repeats):
 
-* mean generated tokens, decoder wall time and NFE per response;
+* mean generated tokens, wall time and NFE per response (wall time as the consumer saw it, admission to last
+  piece, as at every concurrency; the decoder's own for records without it);
 * aggregate throughput = total tokens / total wall time = (tokens / NFE) / (time / NFE);
 * tokens per NFE, time per NFE, model and non-model time and the non-model share of wall time;
 * accuracy (share of graded responses that are correct) where the task has a grader;
@@ -83,10 +84,13 @@ def record_quantities(record: Mapping[str, Any]) -> dict[str, float]:
     metrics = record["metrics"]
     acceptance = metrics.get("acceptance", {})
     correct = record.get("correct")
+    # What the consumer saw (admission to last piece) where the run recorded it, at every concurrency; the
+    # decoder's own wall (records made without a consumer clock) otherwise.
+    wall = record.get("latency_s")
     return {
         "responses": 1.0,
         "tokens": float(metrics["generated_tokens"]),
-        "wall": float(metrics["wall_s"]),
+        "wall": float(metrics["wall_s"] if wall is None else wall),
         "model": float(metrics["model_s"]),
         "nfe": float(metrics["nfe"]),
         "graded": 0.0 if correct is None else 1.0,
@@ -376,7 +380,7 @@ def _exact(outputs: Mapping[Method, Mapping[Any, Mapping[str, Any]]], method: Me
     return True if said and all(s is True for s in said) else None
 
 
-def _sampled(record: Mapping[str, Any]) -> bool:
+def record_sampled(record: Mapping[str, Any]) -> bool:
     """Whether the record's rule samples (records without the flag: whenever the temperature is not 0)."""
     stochastic = record.get("stochastic")
     return bool(stochastic) if stochastic is not None else record.get("temperature") != 0
@@ -399,7 +403,7 @@ def _agreement(
     mine, theirs = outputs.get(method, {}), outputs.get(base, {})
     keys = sorted(set(mine) & set(theirs))
     both = [(mine[k], theirs[k]) for k in keys]
-    if not keys or any((_sampled(r) and not sampled_too) or "output_ids" not in r for pair in both for r in pair):
+    if not keys or any((record_sampled(r) and not sampled_too) or "output_ids" not in r for pair in both for r in pair):
         return None
     same, first = 0, None
     for key in keys:

@@ -70,9 +70,14 @@ def convert(
             f"choose --quant {'/'.join(QUANTIZED)} to quantize it, or leave --quant out"
         )
     out = Path(out)
-    if out.exists() and not (overwrite and out.is_dir()):
-        what = "folder" if out.is_dir() else "file"
-        raise ConfigError(f"--out {out}: a {what} is already there; choose a new folder or pass --overwrite")
+    if out.exists() and not out.is_dir():
+        replaced = "; --overwrite replaces only a model folder, never a file" if overwrite else ""
+        raise ConfigError(
+            f"--out {out}: a file is already there, and a converted model is a folder{replaced}; choose a new "
+            "folder path (or remove the file)"
+        )
+    if out.exists() and not overwrite:
+        raise ConfigError(f"--out {out}: a folder is already there; choose a new folder or pass --overwrite")
     mask_id = choose_mask_token(source, mask_token)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,8 +15,7 @@ from specframe.errors import ConfigError
 from specframe.masks.templates import TemplateCache
 from specframe.models.base import ModelBackend
 from specframe.orders.base import OrderPolicy
-from specframe.plan import CallPlan, CallResult, PhysicalCall
-from specframe.state import LayoutTraits
+from specframe.plan import CallPlan, CallResult, LayoutTraits, PhysicalCall
 
 
 class MaskBuilder(ABC):

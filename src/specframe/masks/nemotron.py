@@ -30,8 +30,7 @@ from __future__ import annotations
 from specframe.errors import PlanError
 from specframe.hookspecs import hookimpl
 from specframe.masks.base import MaskBuilder, RowTable
-from specframe.plan import CallPlan, DraftGroup, PhysicalCall
-from specframe.state import LayoutTraits
+from specframe.plan import CallPlan, DraftGroup, LayoutTraits, PhysicalCall
 
 
 class NemotronMaskBuilder(MaskBuilder):

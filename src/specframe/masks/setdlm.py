@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
 from specframe.masks.base import MaskBuilder, RowTable
-from specframe.plan import CallPlan, PhysicalCall
-from specframe.state import LayoutTraits
+from specframe.plan import CallPlan, LayoutTraits, PhysicalCall
 
 
 class SetDLMMaskBuilder(MaskBuilder):

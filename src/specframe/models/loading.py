@@ -309,6 +309,8 @@ def _pick_family(config: dict, family: str | None, folder: os.PathLike[str]) -> 
     listing = ", ".join(f"{name!r} ({entry.name})" for name, entry in sorted(known.items())) or "none"
     found = f"model_type {model_type!r}" if model_type is not None else "no model_type"
     raise CheckpointError(
-        f"{folder}/config.json has {found}; known model types: {listing}. Pass family=... to load it with a "
-        "specific family, or install the plugin for this model type"
+        f"{folder}/config.json has {found}; known model types: {listing}. A transformers or GGUF checkpoint of "
+        f"an AR model (Llama, Mistral, Qwen3) is converted first: `specframe convert {folder} --out NEW-FOLDER`, "
+        "then load NEW-FOLDER (--model NEW-FOLDER). Otherwise install the plugin for this model type, or, from "
+        "Python, pass family=... (load_model) to load the folder as a specific family"
     )

@@ -2,31 +2,37 @@
 
 A schedule turns the decoding state into one :class:`~specframe.plan.CallPlan` per model call and folds the
 call's result back into the state. It never sees physical rows or model families; what a family's layout can
-express reaches it as :class:`~specframe.state.LayoutTraits`.
+express reaches it as :class:`~specframe.plan.LayoutTraits`.
 """
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from specframe.acceptance.base import DraftRef, Proposals, Verdict, draft_tokens
 from specframe.blame import contract_error
 from specframe.hostread import read_together
-from specframe.plan import CallPlan, CallResult, DraftGroup
+from specframe.plan import CallPlan, CallResult, DraftGroup, Guess
 from specframe.state import DecodeState
 
 #: Widths ``width: "auto"`` considers (up to the decoder's width, at most 16).
 AUTO_WIDTHS = (*range(1, 9), 10, 12, 16)
 
-if TYPE_CHECKING:
-    from specframe.ledger import Guess
-
 
 class Schedule(ABC):
-    """Plans model calls and applies their results."""
+    """Plans model calls and applies their results.
+
+    One schedule object plans one request. The decoder composes a template and gives every request its own
+    :meth:`for_request` copy, so a schedule keeps what it must remember between the calls of a request on
+    ``self``, and requests (interleaved streams, batches, a server's clients) never see each other's. What the
+    requests of a decoder share must be an object the schedule holds on purpose (the built-in ``auto`` width
+    chooser's :class:`~specframe.auto.policy.Learning`), and sharing it may change how fast a request decodes,
+    never what it outputs.
+    """
 
     #: Registered name (for metrics and error messages).
     name: str = ""
@@ -47,7 +53,7 @@ class Schedule(ABC):
     #: verifier's: ``True`` for the built-in speculative schedules, ``False`` for a lossy one (the ``native``
     #: decoders), ``None`` when not declared (then not assumed exact). A schedule that is not declared
     #: ``False`` commits only tokens with a verdict: its ``update`` returns a ``Verdict`` (from
-    #: :func:`verify_planned_chain` or :func:`verify_and_propose`), never a :class:`~specframe.ledger.Guess`;
+    #: :func:`verify_planned_chain` or :func:`verify_and_propose`), never a :class:`~specframe.plan.Guess`;
     #: the decoder raises a ``PluginError`` naming it otherwise. A subclass of a built-in schedule declares
     #: its own (see :mod:`specframe.exactness`).
     exact: bool | None = None
@@ -64,9 +70,18 @@ class Schedule(ABC):
             What the call decided, for the request's :class:`~specframe.ledger.CacheLedger` to accept: the
             ``Verdict`` of :func:`verify_planned_chain` / :func:`verify_and_propose` when the plan verified
             something (``num_verify > 0``), ``None`` for a drafting-only call, or a
-            :class:`~specframe.ledger.Guess` of unverified tokens from a lossy schedule (``exact = False``).
+            :class:`~specframe.plan.Guess` of unverified tokens from a lossy schedule (``exact = False``).
             Drafts stored here at positions the verdict resolves are dropped when it is accepted.
         """
+
+    def for_request(self) -> Schedule:
+        """This schedule's planner for one request (the decoder calls it once per request).
+
+        A shallow copy: attributes set on ``self`` while planning a request stay that request's, and objects
+        the template holds are shared by all its requests. Override it where a copy must not share an object
+        (give it a fresh one) or must hold a copy of a wrapped schedule (call its ``for_request``).
+        """
+        return copy.copy(self)
 
     def width_candidates(self, maximum: int) -> tuple[int, ...]:
         """The widths ``width: "auto"`` chooses among for this schedule, up to ``maximum``; 0 is a plain AR call.

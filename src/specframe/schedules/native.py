@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from specframe.ledger import Guess
+from specframe.plan import Guess
 from specframe.schedules.base import Schedule
 from specframe.state import DecodeState
 

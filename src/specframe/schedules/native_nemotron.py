@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from specframe.acceptance.base import Verdict
 from specframe.hookspecs import hookimpl
-from specframe.ledger import Guess
-from specframe.plan import CallPlan, CallResult
+from specframe.plan import CallPlan, CallResult, Guess
 from specframe.schedules.base import draft_plan, verify_only_plan, verify_planned_chain
 from specframe.schedules.native import NativeSchedule
 from specframe.state import DecodeState

@@ -10,8 +10,7 @@ verification: the output is the diffusion decoder's, not the any-order AR model'
 from __future__ import annotations
 
 from specframe.hookspecs import hookimpl
-from specframe.ledger import Guess
-from specframe.plan import CallPlan, CallResult
+from specframe.plan import CallPlan, CallResult, Guess
 from specframe.schedules.base import draft_plan
 from specframe.schedules.native import NativeSchedule
 from specframe.state import DecodeState

@@ -136,7 +136,7 @@ def build_app(
 
     from specframe.config import compose
     from specframe.serve.app import ServerSettings, create_app
-    from specframe.serve.engine import Engine, StepperBatch
+    from specframe.serve.engine import Engine
     from specframe.serve.metrics import ServerMetrics
     from specframe.serve.protocol import DecodeOptions, Defaults, Limits
 
@@ -190,7 +190,7 @@ def build_app(
         max_active=max_active,
         max_queue=max_queue,
         metrics=ServerMetrics(),
-        batch=StepperBatch(max_rows=max_rows),
+        max_rows=max_rows,
     )
     defaults = Defaults(schedule=schedule, width=width, order=order)
 
@@ -198,6 +198,6 @@ def build_app(
         return json.dumps(value, sort_keys=True)
 
     greedy = DecodeOptions(canonical(schedule), canonical(order), canonical("greedy"), width, ())
-    engine.pool.release(greedy, first)  # the first greedy request with the defaults reuses it
+    engine.decoders.put(greedy, first)  # greedy requests with the defaults decode with it
     name = served_name or public_model_id(backend.name)
     return create_app(engine, backend, ServerSettings(name, defaults, limits, api_key, read_timeout))

@@ -6,15 +6,13 @@ the engine sends that submission's events back through the loop's ``call_soon_th
 ``asyncio.Queue``. Between steps the engine admits waiting requests (up to ``max_active``) and retires
 finished or cancelled ones: continuous batching.
 
-One step advances every active request by one model call. How is the job of a :class:`Batch`:
+One step advances every active request by one model call, through the engine core every path shares: a
+:class:`specframe.batching.Batch` packs the step's calls of all active requests into one
+``model.forward_many`` and reports each request's new tokens, its result, or the error that ended it alone.
 
-* :class:`StepperBatch` keeps one :class:`~specframe.decoder.Stepper` per request and packs the step's
-  calls of all active requests into one ``model.forward_many`` (``prepare()``, one forward, ``finish()``).
-* Another implementation of the same four methods can be passed as ``Engine(batch=...)``.
-
-Each request decodes with a decoder of its own, checked out of a :class:`DecoderPool` for its options and
-returned when it ends: schedules may keep per-request state on themselves (``width: "auto"`` does), so two
-requests in flight never share one.
+Requests with the same options decode with one decoder (composed once, kept in :class:`Decoders`): each
+request plans with its own copy of the decoder's schedule, and what those copies share (width ``auto``'s
+learning) follows :class:`specframe.auto.policy.Learning`'s rule, exactly as in ``generate_many`` and bench.
 """
 
 from __future__ import annotations
@@ -27,9 +25,9 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from specframe import batching
+from specframe.batching import Batch
 from specframe.decoder import Decoder, Generation, Stepper
 from specframe.errors import SpecframeError
 from specframe.plan import PhysicalCall
@@ -88,161 +86,38 @@ class Submission:
             self._engine.cancel(self)
 
 
-@dataclass
-class Progress:
-    """What one step did for one request: new token ids, the result once it ended, or the error it raised."""
+class Decoders:
+    """One decoder per option set, composed at first use and kept for the ``max_sets`` used most recently.
 
-    key: int
-    ids: list[int]
-    generation: Generation | None = None
-    error: BaseException | None = None
-
-
-class Batch(Protocol):
-    """The requests being decoded, advanced together one step at a time (the engine's batching interface)."""
-
-    def add(self, key: int, decoder: Decoder, job: Job) -> None:
-        """Start decoding ``job`` with ``decoder`` (raises ``InputError`` for a request it cannot decode)."""
-
-    def remove(self, key: int) -> None:
-        """Drop a request (cancelled), freeing what it holds."""
-
-    def step(self) -> list[Progress]:
-        """Advance every request by one model call; a request that ended is removed."""
-
-    def __len__(self) -> int:
-        """Requests being decoded."""
-
-
-class StepperBatch:
-    """:class:`Batch` of per-request :class:`~specframe.decoder.Stepper` objects, one forward per step.
-
-    Each step prepares one call of every request, evaluates the calls of requests on the same model in one
-    :meth:`~specframe.models.base.ModelBackend.forward_many` (each against its own cache: attention never
-    crosses requests), and lets each request finish its call. A request's tokens depend only on its own
-    calls, so its output is what decoding it alone gives.
-
-    Args:
-        max_rows: The most rows one call of a request that gave a width may have (its prompt call aside): a
-            request whose call would have more ends with a 400 before that call (``None``: no limit). Requests
-            of width ``"auto"`` are not held to it: their choice already weighs the batch's rows.
-    """
-
-    def __init__(self, max_rows: int | None = None) -> None:
-        self._requests: dict[int, tuple[Stepper, list[int]]] = {}  # key -> (stepper, [output tokens sent])
-        self.max_rows = max_rows
-        self._capped: set[int] = set()  # the requests held to max_rows
-
-    def add(self, key: int, decoder: Decoder, job: Job) -> None:
-        """Start the request (validation errors are raised here, before any model call)."""
-        stepper = decoder.stepper(prompt_ids=job.prompt_ids, max_new_tokens=job.max_tokens, seed=job.seed)
-        self._requests[key] = (stepper, [0])
-        if self.max_rows is not None and job.options.width != "auto":
-            self._capped.add(key)
-
-    def remove(self, key: int) -> None:
-        """Drop the request (its cache goes with it)."""
-        self._requests.pop(key, None)
-        self._capped.discard(key)
-
-    def step(self) -> list[Progress]:
-        """One call of every request; a request's failure ends that request only."""
-        out: list[Progress] = []
-        groups: dict[int, list[tuple[int, Stepper, PhysicalCall]]] = {}
-        for key, (stepper, _) in list(self._requests.items()):
-            try:
-                call = stepper.prepare()
-                if key in self._capped and stepper.metrics.nfe and call is not None:
-                    self._check_rows(call.num_rows, stepper.decoder.width)
-            except Exception as exc:
-                out.append(self._failed(key, exc))
-                continue
-            groups.setdefault(id(stepper.decoder.model), []).append((key, stepper, call))
-        for items in groups.values():
-            decoder = items[0][1].decoder
-            try:
-                calls = [(stepper, call) for _, stepper, call in items]
-                outputs, seconds, rows = batching.forward(decoder.model, calls, decoder.sync)
-            except Exception as exc:  # the shared forward failed: every request in it fails
-                out.extend(self._failed(key, exc) for key, _, _ in items)
-                continue
-            for (key, stepper, _), logits in zip(items, outputs, strict=True):
-                try:
-                    stepper.finish(logits, seconds, rows)
-                except Exception as exc:
-                    out.append(self._failed(key, exc))
-                    continue
-                out.append(self._progress(key))
-        return out
-
-    def _progress(self, key: int) -> Progress:
-        """The output tokens the request's last call added (the text is the HTTP side's to make)."""
-        stepper, sent = self._requests[key]
-        if stepper.done:
-            self.remove(key)
-            generation = stepper.result()
-            return Progress(key, generation.output_ids[sent[0] :], generation)
-        ids = stepper.state.output_ids()
-        new, sent[0] = ids[sent[0] :], len(ids)
-        return Progress(key, new)
-
-    def _check_rows(self, rows: int, width: int) -> None:
-        """Refuse a call of more than ``max_rows`` rows (raises the 400 that ends its request)."""
-        if self.max_rows is not None and rows > self.max_rows:
-            raise APIError(
-                400,
-                f"this request's schedule makes calls of {rows} rows at width {width}, over this server's limit of "
-                f"{self.max_rows} rows per call (specframe serve --max-rows); ask for a smaller width, width "
-                '"auto", or a schedule with fewer rows per call (packed or linear)',
-                param="width",
-                code="rows_limit_exceeded",
-            )
-
-    def _failed(self, key: int, exc: BaseException) -> Progress:
-        self.remove(key)
-        return Progress(key, [], error=exc)
-
-    def __len__(self) -> int:
-        return len(self._requests)
-
-
-class DecoderPool:
-    """Decoders composed for each option set, reused across requests (bounded).
-
-    A decoder is checked out by one request at a time. Idle decoders are kept for the ``max_sets`` option sets
-    used most recently, at most ``max_idle`` per set.
+    Every request with those options decodes with it at once (each with its own schedule copy).
 
     Args:
         compose: Builds a decoder for an option set (the server's model and settings already applied).
-        max_sets: Option sets to keep idle decoders for.
-        max_idle: Idle decoders kept per option set.
+        max_sets: Option sets whose decoders are kept.
     """
 
-    def __init__(self, compose: Callable[[DecodeOptions], Decoder], *, max_sets: int = 16, max_idle: int = 8) -> None:
+    def __init__(self, compose: Callable[[DecodeOptions], Decoder], *, max_sets: int = 16) -> None:
         self._compose = compose
-        self._idle: OrderedDict[DecodeOptions, list[Decoder]] = OrderedDict()
+        self._kept: OrderedDict[DecodeOptions, Decoder] = OrderedDict()
         self.max_sets = max_sets
-        self.max_idle = max_idle
+        #: Decoders composed so far.
         self.composed = 0
 
-    def acquire(self, options: DecodeOptions) -> Decoder:
-        """An idle decoder for ``options``, or a new one (composition errors propagate)."""
-        idle = self._idle.get(options)
-        if idle:
-            self._idle.move_to_end(options)
-            return idle.pop()
-        decoder = self._compose(options)
-        self.composed += 1
+    def get(self, options: DecodeOptions) -> Decoder:
+        """The decoder for ``options`` (composition errors propagate)."""
+        decoder = self._kept.get(options)
+        if decoder is None:
+            decoder = self._compose(options)
+            self.composed += 1
+        self.put(options, decoder)
         return decoder
 
-    def release(self, options: DecodeOptions, decoder: Decoder) -> None:
-        """Return a decoder whose request ended."""
-        idle = self._idle.setdefault(options, [])
-        self._idle.move_to_end(options)
-        if len(idle) < self.max_idle:
-            idle.append(decoder)
-        while len(self._idle) > self.max_sets:
-            self._idle.popitem(last=False)
+    def put(self, options: DecodeOptions, decoder: Decoder) -> None:
+        """Keep ``decoder`` for ``options`` (one composed elsewhere, such as the server's first)."""
+        self._kept[options] = decoder
+        self._kept.move_to_end(options)
+        while len(self._kept) > self.max_sets:
+            self._kept.popitem(last=False)
 
 
 @dataclass
@@ -257,12 +132,15 @@ class Engine:
     """Owns the decoders; admits, steps and retires requests on a background thread.
 
     Args:
-        compose: Builds a decoder for an option set (see :class:`DecoderPool`).
+        compose: Builds a decoder for an option set (see :class:`Decoders`).
         max_active: Requests decoded at once (the batch).
         max_queue: Requests that may wait for a slot; one more is refused with 429.
         metrics: Where to record what happens.
-        batch: The :class:`Batch` implementation (default :class:`StepperBatch`).
+        batch: The batch to step (a :class:`specframe.batching.Batch`, or a subclass of it; a new one by default).
         max_decoder_sets: Option sets whose decoders are kept for reuse.
+        max_rows: The most rows one call of a request that gave a width may have (its prompt call aside): a
+            request whose call would have more ends with a 400 before that call (``None``: no limit). Requests
+            of width ``"auto"`` are not held to it: their choice already weighs the batch's rows.
     """
 
     def __init__(
@@ -274,13 +152,15 @@ class Engine:
         metrics: ServerMetrics | None = None,
         batch: Batch | None = None,
         max_decoder_sets: int = 16,
+        max_rows: int | None = None,
     ) -> None:
-        self.pool = DecoderPool(compose, max_sets=max_decoder_sets, max_idle=max_active)
+        self.decoders = Decoders(compose, max_sets=max_decoder_sets)
         self.max_active = max_active
         self.max_queue = max_queue
         self.metrics = metrics or ServerMetrics()
         self.metrics.gauges = self.gauges
-        self.batch: Batch = batch if batch is not None else StepperBatch()
+        self.batch = batch if batch is not None else Batch()
+        self.max_rows = max_rows
         self._cond = threading.Condition()
         self._waiting: deque[Submission] = deque()
         self._active: dict[int, _Active] = {}
@@ -415,7 +295,7 @@ class Engine:
         now = time.perf_counter()
         self.metrics.observe("specframe_queue_wait_seconds", now - job.arrived)
         try:
-            decoder = self.pool.acquire(job.options)
+            decoder = self.decoders.get(job.options)
         except SpecframeError as exc:
             self._fail(submission, APIError(400, str(exc), param=_param_of(str(exc)), code="invalid_value"))
             return
@@ -424,11 +304,12 @@ class Engine:
             self._fail(submission, APIError(500, f"composing the decoder failed: {type(exc).__name__}: {exc}"))
             return
         try:
-            self.batch.add(key, decoder, job)
+            stepper = decoder.stepper(prompt_ids=job.prompt_ids, max_new_tokens=job.max_tokens, seed=job.seed)
         except SpecframeError as exc:
-            self.pool.release(job.options, decoder)
             self._fail(submission, APIError(400, str(exc), code="invalid_value"))
             return
+        capped = self.max_rows is not None and job.options.width != "auto"
+        self.batch.add(key, stepper, check=_rows_limit(self.max_rows, stepper, decoder.width) if capped else None)
         with self._cond:
             self._active[key] = _Active(submission, decoder, now)
             if submission.cancelled:  # its client went away while it was being admitted (then it was neither
@@ -483,7 +364,6 @@ class Engine:
             self._cancelled.discard(key)
         if active is not None:
             active.submission.ended = True
-            self.pool.release(active.submission.job.options, active.decoder)
         return active
 
     def _retire(self, key: int, reason: str) -> None:
@@ -505,6 +385,23 @@ class Engine:
             self._end(key)
             self.metrics.finished("cancelled")
             active.submission.post(Event("error", error=error))
+
+
+def _rows_limit(max_rows: int, stepper: Stepper, width: int) -> Callable[[PhysicalCall], None]:
+    """The check of each call of a request held to ``max_rows`` rows (its prompt call aside)."""
+
+    def check(call: PhysicalCall) -> None:
+        if stepper.metrics.nfe and call.num_rows > max_rows:
+            raise APIError(
+                400,
+                f"this request's schedule makes calls of {call.num_rows} rows at width {width}, over this server's "
+                f"limit of {max_rows} rows per call (specframe serve --max-rows); ask for a smaller width, width "
+                '"auto", or a schedule with fewer rows per call (packed or linear)',
+                param="width",
+                code="rows_limit_exceeded",
+            )
+
+    return check
 
 
 def _param_of(message: str) -> str | None:

@@ -85,6 +85,12 @@ class RecordingSchedule(Schedule):
     def __getattr__(self, attribute: str) -> Any:
         return getattr(self.inner, attribute)
 
+    def for_request(self) -> RecordingSchedule:
+        """A recorder over the wrapped schedule's copy for one request, adding to this recorder's calls."""
+        copied = RecordingSchedule(self.inner.for_request())
+        copied.calls = self.calls
+        return copied
+
     def plan(self, state: DecodeState) -> CallPlan:
         """The wrapped schedule's plan."""
         return self.inner.plan(state)

@@ -44,6 +44,10 @@ class AdaptivePackedSchedule(Schedule):
 
     name = "adaptive-packed"
 
+    # It picks each call's draft width itself, up to the decoder's W; under width "auto" (the default, which
+    # needs either a rate_model for specframe to choose widths by, or this) W is 8.
+    auto_width = 8
+
     def __init__(self, min_width: int = 2, patience: int = 3, cooldown: int = 8) -> None:
         for option, value in (("min_width", min_width), ("patience", patience), ("cooldown", cooldown)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -58,7 +58,8 @@ class DrafterConfig:
         new_tokens: Greedy tokens generated per prompt.
         max_prompt_tokens: Longest prompt kept (longer ones are skipped).
         rank: LoRA rank.
-        alpha: LoRA alpha (the update is scaled by ``alpha / rank``).
+        alpha: LoRA alpha (the update is scaled by ``alpha / rank``); ``None``, the default: ``2 * rank``, so
+            that the scale stays 2 whatever the rank.
         steps: Optimizer steps.
         batch_size: Windows per step.
         blocks: Drafting blocks per window.
@@ -78,7 +79,7 @@ class DrafterConfig:
     new_tokens: int = 128
     max_prompt_tokens: int = 192
     rank: int = 64
-    alpha: float = 128.0
+    alpha: float | None = None
     steps: int = 600
     batch_size: int = 4
     blocks: int = 32
@@ -93,6 +94,8 @@ class DrafterConfig:
     bf16: bool = True
 
     def __post_init__(self) -> None:
+        if self.alpha is None and isinstance(self.rank, int):
+            object.__setattr__(self, "alpha", 2.0 * self.rank)  # frozen: set once, as the default of this rank
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
@@ -115,8 +118,10 @@ class DrafterConfig:
                 raise ConfigError(f"drafter setting {name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.held_out < self.prompts:
             raise ConfigError(f"held_out must be in [0, prompts), got {self.held_out}")
-        if not (self.lr > 0 and self.alpha > 0):
-            raise ConfigError("lr and alpha must be > 0")
+        for name in ("lr", "alpha"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"drafter setting {name} must be a number > 0, got {value!r}")
         if not 0 <= self.seedless_prob <= 1:
             raise ConfigError(f"seedless_prob must be in [0, 1], got {self.seedless_prob}")
 
@@ -349,8 +354,14 @@ def train_drafter(
         earlier = json.loads(settings_path.read_text(encoding="utf-8"))
         changed = sorted(k for k in settings if k not in _MAY_CHANGE and earlier.get(k) != settings[k])
         if changed:
+            stored = ", ".join(f"{k}={json.dumps(earlier.get(k))}" for k in changed)
+            given = ", ".join(f"{k}={json.dumps(settings[k])}" for k in changed)
+            again = [f"the model {earlier.get('model')}"] if "model" in changed else []
+            again += [f"--set {k}={json.dumps(earlier.get(k))}" for k in changed if k != "model"]
             raise ConfigError(
-                f"{work} holds a drafter run with other settings ({', '.join(changed)}); use a new --work-dir"
+                f"{work} holds a drafter run with other settings (stored: {stored}; given: {given}): to resume "
+                f"that run, give what it stored ({', '.join(again)}); to train with the new settings, use a new "
+                "--work-dir"
             )
     settings_path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
     model = load_model(model_folder, dtype="float32")

@@ -5,37 +5,47 @@ Examples::
     specframe convert SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2 --dtype float32
     specframe train-drafter models/smollm2 --work-dir runs/drafter --attach
 
-A run resumes from its work folder. ``--attach`` copies the trained adapter into the model folder and
-declares it as the model's drafter, so that every decoder composed on that folder uses it.
+A run resumes from its work folder: after an interruption (Ctrl-C), run the same command again.
+``--attach`` copies the trained adapter into the model folder and declares it as the model's drafter, so that
+every decoder composed on that folder uses it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from dataclasses import fields
 from typing import Any
 
 from specframe.cli import folder_path
-from specframe.errors import ConfigError
+from specframe.errors import ConfigError, SpecframeError
 from specframe.models.loading import attach_drafter
 from specframe_training.cli import _setting
 
 
 def add_parser(subparsers: Any) -> None:
     """Add ``specframe train-drafter`` to the CLI's subparsers."""
+    from specframe_training.drafter import DrafterConfig
+
     parser = subparsers.add_parser(
         "train-drafter",
         help="train the drafter (proposal LoRA) of a converted model on its own greedy text (CPU or GPU)",
         description="Train the proposal-only LoRA of a model written by `specframe convert`, the base frozen, "
         "on the base model's own greedy continuations of prompts the project ships.",
+        epilog=settings_help(DrafterConfig),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("model", type=folder_path, help="the converted model folder")
     parser.add_argument("--work-dir", required=True, type=folder_path, help="run folder (resumed when it exists)")
     parser.add_argument("--steps", type=int, help="optimizer steps (default 600)")
     parser.add_argument("--threads", type=int, help="torch threads (default 2, or 1 on a one-core machine)")
     parser.add_argument(
-        "--set", action="append", default=[], metavar="FIELD=VALUE", help="change a setting, e.g. rank=32 (JSON)"
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="change a setting, e.g. rank=32 (a JSON value; the settings are listed below)",
     )
     parser.add_argument(
         "--attach", action="store_true", help="copy the adapter into the model folder and declare it its drafter"
@@ -45,6 +55,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``specframe train-drafter``."""
+    from specframe.bench.records import prepare_folder
     from specframe.models.threads import check_threads, machine_cores
     from specframe_training.drafter import ADAPTER_FOLDER, DrafterConfig, train_drafter
 
@@ -62,9 +73,26 @@ def run(args: argparse.Namespace) -> int:
     if not (args.model / "config.json").is_file():
         raise ConfigError(f"{args.model}: not a model folder (no config.json); convert a model first")
     threads = min(2, machine_cores()) if args.threads is None else check_threads(args.threads, "--threads")
-    summary = train_drafter(args.model, args.work_dir, config, threads=threads, log=lambda x: print(x, flush=True))
+    prepare_folder(args.work_dir, option="--work-dir")
+    try:
+        summary = train_drafter(args.model, args.work_dir, config, threads=threads, log=lambda x: print(x, flush=True))
+    except KeyboardInterrupt:
+        raise SpecframeError(
+            f"interrupted; {args.work_dir} keeps the run (its self-distilled data once generated, its state every "
+            f"{config.save_every} steps): run the same command again to resume it from its last saved step"
+        ) from None
     if args.attach:
         attach_drafter(args.work_dir / ADAPTER_FOLDER, args.model)
         print(f"attached the drafter to {args.model}", flush=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
     return 0
+
+
+def settings_help(config: type) -> str:
+    """The ``--help`` epilog: every setting ``--set`` takes, with its default (``null``: derived, see the docs)."""
+    head = (
+        "settings (--set FIELD=VALUE, a JSON value; the docs page 'Bring your own model' explains each; alpha null "
+        "means 2 * rank; a resumed run takes only steps, eval_every and save_every anew):"
+    )
+    defaults = ", ".join(f"{f.name}={json.dumps(f.default)}" for f in fields(config))
+    return textwrap.fill(head, 79) + "\n" + textwrap.fill(defaults, 79, initial_indent="  ", subsequent_indent="  ")
