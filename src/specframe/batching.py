@@ -88,9 +88,16 @@ class Batch:
 
     def __init__(self) -> None:
         self._requests: dict[Hashable, tuple[Stepper, list[int]]] = {}  # key -> (stepper, [output tokens reported])
+        self._checks: dict[Hashable, Callable[[PhysicalCall], None]] = {}
 
-    def add(self, key: Hashable, stepper: Stepper) -> None:
+    def add(self, key: Hashable, stepper: Stepper, *, check: Callable[[PhysicalCall], None] | None = None) -> None:
         """Start decoding ``stepper``'s request under ``key`` (unique among the requests in the batch).
+
+        Args:
+            key: The request's key.
+            stepper: The request.
+            check: Called with each call the request prepares, before it runs; what it raises ends the request
+                alone (a server's per-request limits).
 
         Raises:
             ValueError: If a request with that key is in the batch.
@@ -98,10 +105,13 @@ class Batch:
         if key in self._requests:
             raise ValueError(f"request {key!r} is already in the batch")
         self._requests[key] = (stepper, [0])
+        if check is not None:
+            self._checks[key] = check
 
     def remove(self, key: Hashable) -> None:
         """Drop a request (cancelled; its cache goes with it). Unknown keys are ignored: it may have ended."""
         self._requests.pop(key, None)
+        self._checks.pop(key, None)
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -120,6 +130,8 @@ class Batch:
         for key, (stepper, _) in list(self._requests.items()):
             try:
                 call = stepper.prepare()
+                if call is not None and key in self._checks:
+                    self._checks[key](call)
             except Exception as exc:
                 out[key] = self._failed(key, exc)
                 continue
@@ -146,7 +158,7 @@ class Batch:
     def _progress(self, key: Hashable) -> Progress:
         stepper, reported = self._requests[key]
         if stepper.done:
-            del self._requests[key]
+            self.remove(key)
             generation = stepper.result()
             return Progress(key, generation.output_ids[reported[0] :], generation)
         ids = stepper.output_ids()
@@ -154,7 +166,7 @@ class Batch:
         return Progress(key, new)
 
     def _failed(self, key: Hashable, exc: BaseException) -> Progress:
-        del self._requests[key]
+        self.remove(key)
         return Progress(key, error=exc)
 
 

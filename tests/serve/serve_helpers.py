@@ -105,8 +105,8 @@ class RunningServer:
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.server, run = self.make(config)
+        self.thread = threading.Thread(target=run, kwargs={"sockets": [sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60
         while not self.server.started:
@@ -114,20 +114,43 @@ class RunningServer:
                 raise RuntimeError("the test server did not start")
             time.sleep(0.02)
 
+    def make(self, config):
+        """The uvicorn server, and what runs it (a subclass may wrap it)."""
+        server = uvicorn.Server(config)
+        return server, server.run
+
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(30)
 
 
-def start_server(model, *, api_key=None, max_active=16, max_queue=64, limits: Limits | None = None):
-    engine = Engine(decoder_factory(model, threads=1, max_tokens=256), max_active=max_active, max_queue=max_queue)
+def start_server(
+    model,
+    *,
+    api_key=None,
+    max_active=16,
+    max_queue=64,
+    limits: Limits | None = None,
+    exact_only=False,
+    max_rows=None,
+    read_timeout=30.0,
+    server_class=None,
+):
+    """A server over ``model`` (``server_class``: how to run the app, :class:`RunningServer` by default)."""
+    engine = Engine(
+        decoder_factory(model, threads=1, max_tokens=256, exact_only=exact_only),
+        max_active=max_active,
+        max_queue=max_queue,
+        max_rows=max_rows,
+    )
     settings = ServerSettings(
         served_name=SERVED,
         defaults=Defaults(schedule="packed", width=4, order="ltr"),
         limits=limits or Limits(max_prompt_tokens=512, max_tokens=256, max_width=16),
         api_key=api_key,
+        read_timeout=read_timeout,
     )
-    return RunningServer(create_app(engine, model, settings), engine)
+    return (server_class or RunningServer)(create_app(engine, model, settings), engine)
 
 
 @contextlib.contextmanager

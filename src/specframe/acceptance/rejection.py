@@ -27,6 +27,12 @@ from specframe.hookspecs import hookimpl
 #: would overflow, which no model gives, and a smaller temperature would pick the most likely token anyway.
 MIN_TEMPERATURE = 1e-30
 
+#: The smallest top-p the nucleus compares with. Probabilities are float32 (or float64), and a top-p below
+#: float32's smallest subnormal (about 7e-46) rounds to 0 there: no token would be kept. Every top-p in
+#: ``(0, MIN_TOP_P]`` keeps the same tokens (each row's most likely one: the mass before any later rank is at
+#: least that token's probability, >= 1/V), so a smaller top-p is raised to it without changing the output.
+MIN_TOP_P = 1e-30
+
 #: Subtracted from the logits that top-k drops: their softmax weight underflows to exactly 0, as with -inf.
 MASKED = 1e30
 
@@ -47,13 +53,14 @@ class SamplingWarp:
     Args:
         temperature: Softmax temperature, > 0.
         top_k: Keep only the ``top_k`` most likely tokens (``None`` or 0: all).
-        top_p: Keep the smallest set of most likely tokens whose mass reaches ``top_p`` (``None`` or 1: all).
+        top_p: Keep the smallest set of most likely tokens whose mass reaches ``top_p`` (``None`` or 1: all); one
+            below :data:`MIN_TOP_P` is compared as :data:`MIN_TOP_P`, which keeps the same tokens.
     """
 
     def __init__(self, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None) -> None:
         self.temperature = float(temperature)
         self.top_k = int(top_k) if top_k else None
-        self.top_p = float(top_p) if top_p is not None and top_p < 1.0 else None
+        self.top_p = max(float(top_p), MIN_TOP_P) if top_p is not None and top_p < 1.0 else None
         self._nucleus = Nucleus(self.top_p, self.top_k) if self.top_p is not None else None
 
     @property

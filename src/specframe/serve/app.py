@@ -35,6 +35,13 @@ from specframe.serve.protocol import APIError, Defaults, Job, Limits
 
 log = logging.getLogger("specframe.serve")
 
+#: The status of a request whose client went away before its response (nginx's convention; never sent).
+CLIENT_GONE = 499
+#: Seconds a client told 429 (the queue is full) waits before retrying (the ``Retry-After`` header).
+RETRY_AFTER_S = 1
+#: The ``endpoint`` label of /metrics for each route path (other paths: ``"other"``).
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/models": "models"}
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -44,13 +51,16 @@ class ServerSettings:
         served_name: The model id clients name in ``model`` (and ``/v1/models`` lists).
         defaults: Schedule, width and order of requests that name none.
         limits: Request size limits.
-        api_key: Bearer token every route except ``/health`` requires (``None``: no authentication).
+        api_key: Bearer token every route except ``/health`` requires (``None``: no authentication). Compared
+            as UTF-8 bytes, so a non-ASCII key matches a client that sends its UTF-8 bytes.
+        read_timeout: Seconds a client may take to send a request body; a slower one gets 408.
     """
 
     served_name: str
     defaults: Defaults = Defaults()
     limits: Limits = Limits()
     api_key: str | None = None
+    read_timeout: float = 30.0
 
 
 def create_app(engine: Engine, model: ModelBackend, settings: ServerSettings) -> Starlette:
@@ -90,21 +100,37 @@ def create_app(engine: Engine, model: ModelBackend, settings: ServerSettings) ->
 
 
 def error_response(error: APIError) -> JSONResponse:
-    """OpenAI's error JSON with the error's status (and ``WWW-Authenticate`` on a 401)."""
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    """OpenAI's error JSON with the error's status, and the headers it calls for.
+
+    ``WWW-Authenticate`` on a 401, ``Retry-After`` on a 429, ``Connection: close`` on a 408 (the body was not
+    read to its end, so the connection cannot carry another request).
+    """
+    headers = {
+        401: {"WWW-Authenticate": "Bearer"},
+        408: {"Connection": "close"},
+        429: {"Retry-After": str(RETRY_AFTER_S)},
+    }.get(error.status)
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def _endpoint(path: str) -> str:
+    """The ``endpoint`` label of a request path."""
+    return "models" if path.startswith("/v1/models/") else ENDPOINTS.get(path, "other")
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    messages = {404: f"no route {request.url.path}", 405: f"{request.method} is not allowed on {request.url.path}"}
+    path = protocol.shown(request.url.path)
+    messages = {404: f"no route {path}", 405: f"{request.method} is not allowed on {path}"}
     message = messages.get(exc.status_code, str(exc.detail))
-    return error_response(APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None))
+    error = APIError(exc.status_code, message, code="not_found" if exc.status_code == 404 else None)
+    return request.app.state.api.respond(_endpoint(request.url.path), error_response(error))
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
     log.error("unhandled error on %s", request.url.path, exc_info=exc)
-    return error_response(APIError(500, f"internal server error ({type(exc).__name__}); see the server's log"))
+    error = APIError(500, f"internal server error ({type(exc).__name__}); see the server's log")
+    return request.app.state.api.respond(_endpoint(request.url.path), error_response(error))
 
 
 class _API:
@@ -125,7 +151,10 @@ class _API:
             return
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), key.encode()):
+        # Header values arrive decoded as latin-1: encoding back gives the bytes sent, compared with the key's
+        # UTF-8 bytes (what curl and other clients send for a non-ASCII key).
+        sent = token.strip().encode("latin-1")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(sent, key.encode("utf-8")):
             raise APIError(
                 401,
                 "missing or wrong API key: send the header 'Authorization: Bearer <key>' with the key the server "
@@ -134,27 +163,36 @@ class _API:
             )
 
     async def _body(self, request: Request) -> bytes:
-        limit = self.settings.limits.max_body_bytes
+        limit, timeout = self.settings.limits.max_body_bytes, self.settings.read_timeout
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise _too_large(int(declared), limit)
         chunks, size = [], 0
         try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise _too_large(size, limit)
-                chunks.append(chunk)
+            with anyio.fail_after(timeout):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise _too_large(size, limit)
+                    chunks.append(chunk)
         except ClientDisconnect:
             raise _Gone from None
+        except TimeoutError:
+            raise APIError(
+                408,
+                f"the request body did not arrive within {timeout:g} s ({size} bytes came); send the whole body "
+                "at once (the server's limit is specframe serve --read-timeout)",
+                code="request_timeout",
+            ) from None
         return b"".join(chunks)
 
-    def _respond(self, endpoint: str, response: Response) -> Response:
+    def respond(self, endpoint: str, response: Response) -> Response:
+        """Count ``response`` in /metrics under ``endpoint``, and return it."""
         self.metrics.http(endpoint, response.status_code)
         return response
 
     def _error(self, endpoint: str, error: APIError) -> Response:
-        return self._respond(endpoint, error_response(error))
+        return self.respond(endpoint, error_response(error))
 
     # -- simple routes -------------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -187,7 +225,7 @@ class _API:
             self._check_key(request)
         except APIError as exc:
             return self._error("models", exc)
-        return self._respond("models", JSONResponse({"object": "list", "data": [self._model_card()]}))
+        return self.respond("models", JSONResponse({"object": "list", "data": [self._model_card()]}))
 
     async def retrieve_model(self, request: Request) -> Response:
         """``GET /v1/models/{id}``."""
@@ -195,15 +233,10 @@ class _API:
             self._check_key(request)
             name = request.path_params["model_id"]
             if name != self.settings.served_name:
-                raise APIError(
-                    404,
-                    f"the model {name!r} does not exist on this server; it serves {self.settings.served_name!r}",
-                    param="model",
-                    code="model_not_found",
-                )
+                raise protocol.model_not_found(name, self.settings.served_name)
         except APIError as exc:
             return self._error("models", exc)
-        return self._respond("models", JSONResponse(self._model_card()))
+        return self.respond("models", JSONResponse(self._model_card()))
 
     # -- generation ----------------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -273,11 +306,11 @@ class _API:
         except APIError as exc:
             return self._error(endpoint, exc)
         except _Gone:
-            return Response(status_code=499)
+            return self.respond(endpoint, Response(status_code=CLIENT_GONE))
         event = await _next_or_gone(request, submission)
         if event is None:  # the client went away while the request waited
             submission.cancel()
-            return Response(status_code=499)
+            return self.respond(endpoint, Response(status_code=CLIENT_GONE))
         if event.kind == "error":
             return self._error(endpoint, event.error)
         info = event.info
@@ -287,12 +320,12 @@ class _API:
         event = await _next_or_gone(request, submission)
         if event is None:
             submission.cancel()
-            return Response(status_code=499)
+            return self.respond(endpoint, Response(status_code=CLIENT_GONE))
         if event.kind == "error":
             return self._error(endpoint, event.error)
         generation = event.generation
         text = self._output(job).final(generation.output_ids)
-        return self._respond(endpoint, JSONResponse(protocol.response(job, text, generation, info)))
+        return self.respond(endpoint, JSONResponse(protocol.response(job, text, generation, info)))
 
     def _output(self, job: Job) -> protocol.OutputText:
         return protocol.OutputText(self.model.decode, self.model.eos_token_ids, job.options.stop)

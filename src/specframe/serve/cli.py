@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -15,6 +17,9 @@ from typing import Any
 from specframe.errors import ConfigError
 
 API_KEY_ENV = "SPECFRAME_API_KEY"
+#: Seconds uvicorn waits past --shutdown-timeout for the 503s of the cancelled requests to be written, before
+#: it cancels what is left (a connection that does not read its response).
+SHUTDOWN_GRACE_S = 10.0
 
 
 def add_parser(sub: Any) -> None:
@@ -33,7 +38,10 @@ def add_parser(sub: Any) -> None:
         "--model",
         help="Hub repo id, checkpoint folder, or a bundled model's name (default: nemotron-stdlib-tiny)",
     )
-    parser.add_argument("--served-model-name", help="the id clients send as 'model' (default: the model's name)")
+    parser.add_argument(
+        "--served-model-name",
+        help="the id clients send as 'model' (default: the model's name; a local folder's name, never its path)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
     parser.add_argument(
@@ -59,6 +67,23 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body (default 1 MiB)")
     parser.add_argument("--max-width", type=int, default=32, help="widest width a request may ask for (default 32)")
     parser.add_argument(
+        "--max-rows",
+        type=int,
+        help="most rows one model call of a request that gives a width may have (a quadratic call at width W has "
+        "(W+1)(W+2)); default: no limit",
+    )
+    parser.add_argument(
+        "--exact-only",
+        action="store_true",
+        help="refuse requests whose schedule is not exact (output not the AR model's), such as native",
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a client may take to send its request body; slower ones get 408 (default 30)",
+    )
+    parser.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -82,12 +107,16 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
 
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must lie in [0, 65535], got {args.port}")
-    if args.shutdown_timeout < 0:
-        raise ConfigError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if not 0 <= args.shutdown_timeout < 1e9:
+        raise ConfigError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
+    if not 0 < args.read_timeout < 1e9:
+        raise ConfigError(f"--read-timeout must be a number of seconds > 0, got {args.read_timeout}")
+    if args.served_model_name is not None and not args.served_model_name.strip():
+        raise ConfigError("--served-model-name is empty; give the id clients send, or leave it out for the model's")
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key, or leave the option out for no authentication")
-    limits = ("max_active", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "max_width")
+    limits = ("max_active", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "max_width", "max_rows")
     for name in limits:
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -100,6 +129,8 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
         order=parse_spec(args.order, option="--order"),
         api_key=api_key,
         **{name: getattr(args, name) for name in limits},
+        exact_only=args.exact_only,
+        read_timeout=args.read_timeout,
         device=args.device,
         dtype=args.dtype,
         quant=args.quant,
@@ -122,10 +153,15 @@ def run(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         log_level=args.log_level,
-        timeout_graceful_shutdown=args.shutdown_timeout,
+        timeout_graceful_shutdown=args.shutdown_timeout + SHUTDOWN_GRACE_S,
         lifespan="on",
     )
-    server = GracefulServer(config, on_signal=engine.stop_admitting)
+    server = GracefulServer(
+        config,
+        on_signal=engine.stop_admitting,
+        on_expiry=functools.partial(engine.close, 0),
+        shutdown_timeout=args.shutdown_timeout,
+    )
     server.run()
     return 0
 
@@ -134,14 +170,27 @@ class GracefulServer:
     """A uvicorn server whose SIGINT/SIGTERM stop admissions, let requests in flight finish, and exit 0.
 
     uvicorn re-raises the signal after its own graceful shutdown (so the process ends "killed by SIGTERM");
-    here the signal only starts the shutdown. A second SIGINT cancels what is still running.
+    here the signal only starts the shutdown. Requests still running ``shutdown_timeout`` seconds after it are
+    ended by ``on_expiry`` (the engine's ``close``: each gets a 503, or an error event in its stream), before
+    uvicorn's own ``timeout_graceful_shutdown`` (set longer) would cancel them with a bare 500. A second
+    SIGINT cancels what is still running at once.
 
     Args:
         config: The uvicorn configuration.
         on_signal: Called on the first signal (the engine's ``stop_admitting``).
+        on_expiry: Called once ``shutdown_timeout`` has passed with requests still running, and on a second
+            SIGINT; it must not block.
+        shutdown_timeout: Seconds requests in flight may run after the signal (``None``: uvicorn's timeout).
     """
 
-    def __init__(self, config: Any, *, on_signal: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: Any,
+        *,
+        on_signal: Callable[[], None],
+        on_expiry: Callable[[], None] | None = None,
+        shutdown_timeout: float | None = None,
+    ) -> None:
         import uvicorn
 
         outer = self
@@ -167,12 +216,26 @@ class GracefulServer:
                         host, port = sock.getsockname()[:2]
                         print(f"specframe serve: listening on http://{host}:{port}", file=sys.stderr, flush=True)
 
+            async def shutdown(self, sockets: Any = None) -> None:
+                timer = None
+                if outer.on_expiry is not None and outer.shutdown_timeout is not None:
+                    timer = asyncio.get_running_loop().call_later(outer.shutdown_timeout, outer.on_expiry)
+                try:
+                    await super().shutdown(sockets=sockets)
+                finally:
+                    if timer is not None:
+                        timer.cancel()
+
         self.server = _Server(config)
         self.on_signal = on_signal
+        self.on_expiry = on_expiry
+        self.shutdown_timeout = shutdown_timeout
 
     def _handle(self, sig: int, frame: Any) -> None:
         if self.server.should_exit and sig == signal.SIGINT:
             self.server.force_exit = True
+            if self.on_expiry is not None:
+                self.on_expiry()
         self.server.should_exit = True
         self.on_signal()
 

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specframe.batching import Batch
-from specframe.decoder import Decoder, Generation
+from specframe.decoder import Decoder, Generation, Stepper
 from specframe.errors import SpecframeError
+from specframe.plan import PhysicalCall
 from specframe.serve.metrics import ServerMetrics
 from specframe.serve.protocol import APIError, DecodeOptions, Job
 
@@ -137,6 +138,9 @@ class Engine:
         metrics: Where to record what happens.
         batch: The batch to step (a :class:`specframe.batching.Batch`, or a subclass of it; a new one by default).
         max_decoder_sets: Option sets whose decoders are kept for reuse.
+        max_rows: The most rows one call of a request that gave a width may have (its prompt call aside): a
+            request whose call would have more ends with a 400 before that call (``None``: no limit). Requests
+            of width ``"auto"`` are not held to it: their choice already weighs the batch's rows.
     """
 
     def __init__(
@@ -148,6 +152,7 @@ class Engine:
         metrics: ServerMetrics | None = None,
         batch: Batch | None = None,
         max_decoder_sets: int = 16,
+        max_rows: int | None = None,
     ) -> None:
         self.decoders = Decoders(compose, max_sets=max_decoder_sets)
         self.max_active = max_active
@@ -155,6 +160,7 @@ class Engine:
         self.metrics = metrics or ServerMetrics()
         self.metrics.gauges = self.gauges
         self.batch = batch if batch is not None else Batch()
+        self.max_rows = max_rows
         self._cond = threading.Condition()
         self._waiting: deque[Submission] = deque()
         self._active: dict[int, _Active] = {}
@@ -302,7 +308,8 @@ class Engine:
         except SpecframeError as exc:
             self._fail(submission, APIError(400, str(exc), code="invalid_value"))
             return
-        self.batch.add(key, stepper)
+        capped = self.max_rows is not None and job.options.width != "auto"
+        self.batch.add(key, stepper, check=_rows_limit(self.max_rows, stepper, decoder.width) if capped else None)
         with self._cond:
             self._active[key] = _Active(submission, decoder, now)
             if submission.cancelled:  # its client went away while it was being admitted (then it was neither
@@ -312,7 +319,7 @@ class Engine:
 
     def _fail(self, submission: Submission, error: APIError) -> None:
         submission.ended = True
-        self.metrics.finished("error")
+        self.metrics.failed(error.status)
         submission.post(Event("error", error=error))
 
     def _step(self) -> None:
@@ -326,13 +333,15 @@ class Engine:
             submission = active.submission
             if item.error is not None:
                 error = item.error
-                if isinstance(error, SpecframeError):
+                if isinstance(error, APIError):  # the batch's own refusal (a limit of the server)
+                    api = error
+                elif isinstance(error, SpecframeError):
                     api = APIError(400, str(error), code="invalid_value")
                 else:
                     log.error("decoding a request failed", exc_info=error)
                     api = APIError(500, f"decoding failed: {type(error).__name__}: {error}")
                 self._end(item.key)
-                self.metrics.finished("error")
+                self.metrics.failed(api.status)
                 submission.post(Event("error", error=api))
                 continue
             if item.ids:
@@ -376,6 +385,23 @@ class Engine:
             self._end(key)
             self.metrics.finished("cancelled")
             active.submission.post(Event("error", error=error))
+
+
+def _rows_limit(max_rows: int, stepper: Stepper, width: int) -> Callable[[PhysicalCall], None]:
+    """The check of each call of a request held to ``max_rows`` rows (its prompt call aside)."""
+
+    def check(call: PhysicalCall) -> None:
+        if stepper.metrics.nfe and call.num_rows > max_rows:
+            raise APIError(
+                400,
+                f"this request's schedule makes calls of {call.num_rows} rows at width {width}, over this server's "
+                f"limit of {max_rows} rows per call (specframe serve --max-rows); ask for a smaller width, width "
+                '"auto", or a schedule with fewer rows per call (packed or linear)',
+                param="width",
+                code="rows_limit_exceeded",
+            )
+
+    return check
 
 
 def _param_of(message: str) -> str | None:

@@ -23,23 +23,42 @@ from specframe.streaming import IncrementalText
 
 #: OpenAI's limit on stop strings per request.
 MAX_STOP = 4
-#: Parameters of OpenAI's API that are accepted only at the value that asks for nothing (others are refused).
-NEUTRAL = {
-    "frequency_penalty": 0,
-    "presence_penalty": 0,
-    "logprobs": None,
-    "top_logprobs": None,
-    "echo": False,
-    "best_of": 1,
-    "suffix": None,
-    "logit_bias": None,
-    "tools": None,
-    "tool_choice": None,
-    "functions": None,
-    "function_call": None,
-    "response_format": None,
-    "parallel_tool_calls": None,
+#: Parameters of OpenAI's API that specframe does not implement, with the values that ask for nothing (``null``,
+#: or leaving the field out, always does). Other values are refused, never ignored; a value must be of the
+#: neutral one's JSON type (``echo: 0`` is not ``false``). In completions, ``logprobs`` is an integer and
+#: ``0`` asks for the sampled tokens' log-probabilities (OpenAI's API returns them), so only ``null`` is
+#: neutral; in chat it is a boolean and ``false`` is neutral. ``tool_choice`` ``"auto"`` with no tools (any
+#: tools are refused) calls none, as ``"none"`` does.
+NEUTRAL: dict[str, tuple[Any, ...]] = {
+    "frequency_penalty": (0, 0.0),
+    "presence_penalty": (0, 0.0),
+    "logprobs": (),
+    "top_logprobs": (0,),
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "logit_bias": ({},),
+    "tools": ([],),
+    "tool_choice": ("none", "auto"),
+    "functions": ([],),
+    "function_call": ("none", "auto"),
+    "response_format": ({"type": "text"},),
+    "parallel_tool_calls": (True, False),
 }
+#: Chat's neutral values: ``logprobs`` is a boolean there.
+CHAT_NEUTRAL = {**NEUTRAL, "logprobs": (False,)}
+#: Why a non-neutral value of a parameter is refused, where the name alone does not say.
+_UNSUPPORTED = {
+    "logprobs": "log-probabilities are not returned (in completions, logprobs 0 asks for the sampled tokens' ones)",
+    "top_logprobs": "log-probabilities are not returned",
+    "echo": "the prompt is not echoed back",
+    "best_of": "one choice is decoded per request",
+    "response_format": "the output is plain text, never constrained to JSON",
+}
+#: Longest echo of a client's value in an error message; a longer value is cut, and its length said.
+SHOWN_CHARS = 60
+#: Longest error message: a longer one (a library error quoting client input) keeps its start and its end.
+MAX_MESSAGE_CHARS = 1000
 #: Parameters accepted and ignored (they change nothing about decoding).
 IGNORED = ("user", "metadata", "store", "service_tier")
 COMMON = ("model", "stream", "stream_options", "temperature", "top_p", "max_tokens", "stop", "seed", "n")
@@ -52,6 +71,9 @@ CHAT_ROLES = ("system", "developer", "user", "assistant")
 class APIError(Exception):
     """A request the server refuses, as OpenAI reports it.
 
+    The message and ``param`` are made safe to send whatever client input they quote: characters UTF-8 cannot
+    encode (lone surrogates) are escaped, and a message over :data:`MAX_MESSAGE_CHARS` is cut in the middle.
+
     Args:
         status: HTTP status (4xx for the client's problems).
         message: What is wrong and what to do.
@@ -63,10 +85,11 @@ class APIError(Exception):
     def __init__(
         self, status: int, message: str, *, param: str | None = None, code: str | None = None, type: str | None = None
     ) -> None:
+        message = _bounded(_encodable(message), MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.status = status
         self.message = message
-        self.param = param
+        self.param = None if param is None else _bounded(_encodable(param), SHOWN_CHARS)
         self.code = code
         self.type = type or _error_type(status)
 
@@ -83,6 +106,33 @@ def _error_type(status: int) -> str:
         429: "rate_limit_error",
         503: "server_unavailable",
     }.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def _encodable(text: str) -> str:
+    r"""``text`` with what UTF-8 cannot encode (lone surrogates) escaped, as ``\ud800``."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _bounded(text: str, limit: int) -> str:
+    """``text`` cut to about ``limit`` characters, keeping its start and end and saying how much was cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return f"{text[:keep]}...[{len(text) - 2 * keep} characters cut]...{text[-keep:]}"
+
+
+def shown(value: Any) -> str:
+    """A client's value as an error message quotes it: JSON, at most :data:`SHOWN_CHARS` characters.
+
+    A longer value is cut, saying its length (a 4000-digit seed or a 100 KB model name is not echoed whole).
+    """
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        text = repr(value)
+    if len(text) > SHOWN_CHARS:
+        text = f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+    return _encodable(text)
 
 
 def bad(message: str, param: str | None = None, code: str | None = "invalid_value") -> APIError:
@@ -228,7 +278,7 @@ def _number(body: Mapping[str, Any], name: str, low: float, high: float, default
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise bad(f"{name} must be a number, got a JSON {_json_type(value)}", name, "invalid_type")
     if not low <= value <= high:
-        raise bad(f"{name} must lie in [{low:g}, {high:g}], got {value}", name)
+        raise bad(f"{name} must lie in [{low:g}, {high:g}], got {shown(value)}", name)
     return float(value)
 
 
@@ -238,7 +288,7 @@ def _integer(body: Mapping[str, Any], name: str) -> int | None:
         return None
     number = as_integer(value) if not isinstance(value, float) else None
     if number is None:
-        raise bad(f"{name} must be an integer, got {json.dumps(value)[:40]}", name, "invalid_type")
+        raise bad(f"{name} must be an integer, got {shown(value)}", name, "invalid_type")
     return number
 
 
@@ -257,33 +307,42 @@ def _plugin(value: Any, name: str) -> str:
         if not value.strip() or ":" in value:
             raise bad(
                 f"{name} must be a registered {name} name (options go in an object: "
-                f'{{"name": "kbranch", "k": 3}}), got {value!r}',
+                f'{{"name": "kbranch", "k": 3}}), got {shown(value)}',
                 name,
             )
         return json.dumps(value)
     if isinstance(value, dict):
         if not isinstance(value.get("name"), str) or not value["name"].strip():
-            raise bad(f'{name} as an object needs a string "name", got {json.dumps(value)[:80]}', name)
+            raise bad(f'{name} as an object needs a string "name", got {shown(value)}', name)
         for key, option in value.items():
             if isinstance(option, (dict, list)):
-                raise bad(f"{name} option {key!r} must be a number, string, boolean or null", name, "invalid_type")
+                raise bad(f"{name} option {shown(key)} must be a number, string, boolean or null", name, "invalid_type")
         return json.dumps(value, sort_keys=True)
     raise bad(f"{name} must be a name or an object with a name and options, got a JSON {_json_type(value)}", name)
 
 
-def _check_fields(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+def _check_fields(body: Mapping[str, Any], allowed: frozenset[str], neutral: Mapping[str, tuple[Any, ...]]) -> None:
+    """Refuse unknown fields, and fields of :data:`NEUTRAL` at a value that asks for something."""
     unknown = sorted(set(body) - allowed)
     if unknown:
+        names = ", ".join(shown(name) for name in unknown[:5])
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
         raise bad(
-            f"unrecognized request argument(s): {', '.join(unknown)}; specframe's own fields are {', '.join(EXTRA)}",
+            f"unrecognized request argument(s): {names}{more}; specframe's own fields are {', '.join(EXTRA)}",
             unknown[0],
             "unknown_parameter",
         )
-    for name, neutral in NEUTRAL.items():
+    for name, values in neutral.items():
         value = body.get(name)
-        if value is None or value == neutral or (neutral is None and value in ({}, [], False)):
+        if value is None or any(type(value) is type(v) and value == v for v in values):
             continue
-        raise bad(f"{name} is not supported by specframe serve (leave it out, or send {json.dumps(neutral)})", name)
+        why = f": {_UNSUPPORTED[name]}" if name in _UNSUPPORTED else ""
+        choices = " or ".join(json.dumps(v) for v in (None, *values))
+        raise bad(
+            f"{name} {shown(value)} is not supported by specframe serve{why}; leave it out or send {choices}",
+            name,
+            "unsupported_value",
+        )
 
 
 def decode_options(body: Mapping[str, Any], defaults: Defaults, limits: Limits) -> DecodeOptions:
@@ -301,7 +360,7 @@ def decode_options(body: Mapping[str, Any], defaults: Defaults, limits: Limits) 
         raise bad("top_p must be > 0 (1 keeps every token)", "top_p")
     top_k = _integer(body, "top_k")
     if top_k is not None and top_k < 0:
-        raise bad(f"top_k must be >= 0 (0: no truncation), got {top_k}", "top_k")
+        raise bad(f"top_k must be >= 0 (0: no truncation), got {shown(top_k)}", "top_k")
     if temperature == 0:
         acceptance: Any = "greedy"
     else:
@@ -316,9 +375,13 @@ def decode_options(body: Mapping[str, Any], defaults: Defaults, limits: Limits) 
     if width != "auto":
         number = as_integer(width) if not isinstance(width, float) else None
         if number is None:
-            raise bad(f'width must be an integer or "auto", got {json.dumps(width)[:40]}', "width", "invalid_type")
+            raise bad(f'width must be an integer or "auto", got {shown(width)}', "width", "invalid_type")
         if not 1 <= number <= limits.max_width:
-            raise bad(f'width must lie in [1, {limits.max_width}] on this server (or "auto"), got {number}', "width")
+            raise bad(
+                f'width must lie in [1, {limits.max_width}] on this server (specframe serve --max-width) or be "auto", '
+                f"got {shown(number)}",
+                "width",
+            )
         width = number
     schedule = (
         _plugin(body["schedule"], "schedule")
@@ -355,20 +418,15 @@ def _common(body: Mapping[str, Any], served: str, limits: Limits) -> dict[str, A
     if not isinstance(model, str):
         raise bad(f"model must be a string naming the served model ({served!r})", "model", "invalid_type")
     if model != served:
-        raise APIError(
-            404,
-            f"the model {model!r} does not exist on this server; it serves {served!r}",
-            param="model",
-            code="model_not_found",
-        )
+        raise model_not_found(model, served)
     n = _integer(body, "n")
     if n is not None and n != 1:
-        raise bad(f"n must be 1 (specframe serve returns one choice per request), got {n}", "n")
+        raise bad(f"n must be 1 (specframe serve returns one choice per request), got {shown(n)}", "n")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
     if not isinstance(stream, bool):
-        raise bad(f"stream must be true or false, got {json.dumps(stream)[:40]}", "stream", "invalid_type")
+        raise bad(f"stream must be true or false, got {shown(stream)}", "stream", "invalid_type")
     options = body.get("stream_options")
     include_usage = False
     if options is not None:
@@ -381,8 +439,18 @@ def _common(body: Mapping[str, Any], served: str, limits: Limits) -> dict[str, A
             raise bad("stream_options.include_usage must be true or false", "stream_options", "invalid_type")
     seed = _integer(body, "seed")
     if seed is not None and not 0 <= seed <= MAX_SEED:
-        raise bad(f"seed must lie in [0, 2**64 - 1], got {seed}", "seed")
+        raise bad(f"seed must lie in [0, 2**64 - 1], got {shown(seed)}", "seed")
     return {"stream": stream, "include_usage": include_usage, "seed": seed, "model": served}
+
+
+def model_not_found(name: str, served: str) -> APIError:
+    """The 404 for a model id other than the served one."""
+    return APIError(
+        404,
+        f"the model {shown(name)} does not exist on this server; it serves {shown(served)}",
+        param="model",
+        code="model_not_found",
+    )
 
 
 def _max_tokens(body: Mapping[str, Any], names: Sequence[str], default: int, limits: Limits) -> tuple[int, bool]:
@@ -392,10 +460,10 @@ def _max_tokens(body: Mapping[str, Any], names: Sequence[str], default: int, lim
         if value is None:
             continue
         if value < 1:
-            raise bad(f"{name} must be >= 1, got {value}", name)
+            raise bad(f"{name} must be >= 1, got {shown(value)}", name)
         if value > limits.max_tokens:
             raise bad(
-                f"{name} {value} exceeds this server's limit of {limits.max_tokens} tokens per request "
+                f"{name} {shown(value)} exceeds this server's limit of {limits.max_tokens} tokens per request "
                 "(specframe serve --max-tokens)",
                 name,
             )
@@ -456,7 +524,7 @@ def parse_completion(
     Raises:
         APIError: 400 (404 for another model) naming the parameter.
     """
-    _check_fields(body, COMPLETION_FIELDS)
+    _check_fields(body, COMPLETION_FIELDS, NEUTRAL)
     common = _common(body, served, limits)
     options = decode_options(body, defaults, limits)
     if "prompt" not in body:
@@ -490,7 +558,9 @@ def _prompt(value: Any, encode: Callable[[str], list[int]], vocab_size: int) -> 
             if isinstance(item, bool) or not isinstance(item, int):
                 raise bad(f"prompt token ids must be integers, got a JSON {_json_type(item)}", "prompt", "invalid_type")
             if not 0 <= item < vocab_size:
-                raise bad(f"prompt token id {item} is outside the model's vocabulary [0, {vocab_size})", "prompt")
+                raise bad(
+                    f"prompt token id {shown(item)} is outside the model's vocabulary [0, {vocab_size})", "prompt"
+                )
             ids.append(item)
         return ids
     raise bad(
@@ -516,7 +586,7 @@ def parse_chat(
     from specframe.errors import InputError
     from specframe.models.chat import render_chat
 
-    _check_fields(body, CHAT_FIELDS)
+    _check_fields(body, CHAT_FIELDS, CHAT_NEUTRAL)
     common = _common(body, served, limits)
     options = decode_options(body, defaults, limits)
     messages = _messages(body.get("messages"))
@@ -552,10 +622,11 @@ def _messages(value: Any) -> list[dict[str, str]]:
             raise bad(f"{where} must be an object with role and content", where, "invalid_type")
         role = message.get("role")
         if role not in CHAT_ROLES:
-            raise bad(f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {json.dumps(role)[:40]}", where)
+            raise bad(f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {shown(role)}", where)
         unknown = sorted(set(message) - {"role", "content", "name"})
         if unknown:
-            raise bad(f"{where} has unsupported field(s) {', '.join(unknown)} (tool calls are not supported)", where)
+            names = ", ".join(shown(name) for name in unknown[:5])
+            raise bad(f"{where} has unsupported field(s) {names} (tool calls are not supported)", where)
         messages.append({"role": role, "content": _content(message.get("content"), where)})
     return messages
 
