@@ -1,7 +1,9 @@
 """Reading a GGUF file (llama.cpp's format) into a :class:`~specframe.convert.source.SourceModel`.
 
-The tensors are dequantized with the ``gguf`` package (F32, F16, BF16 and the common block quantizations:
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K). llama.cpp stores the query and key rows of its ``llama``
+Architectures: ``llama``, ``mistral``, ``qwen2`` (with its query, key and value biases) and ``qwen3``; RoPE
+scaling and partial rotary embeddings (``rope.dimension_count`` below the head size) are refused. The tensors
+are dequantized with the ``gguf`` package (F32, F16, BF16 and the common block quantizations: Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1, Q2_K..Q6_K); biases stay float. llama.cpp stores the query and key rows of its ``llama``
 architecture permuted for its interleaved RoPE; they are permuted back to transformers' half-split layout.
 The tokenizer (a byte-level BPE vocabulary with merges and a pre-tokenizer name) is rebuilt as a
 ``tokenizer.json``; the chat template is kept.
@@ -21,8 +23,15 @@ from specframe.convert.source import SourceModel
 from specframe.errors import CheckpointError, ConfigError
 from specframe.kernels.quant import QUANTIZED
 
-#: GGUF architecture name -> transformers class. (Qwen2 carries q/k/v biases, which the networks lack.)
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+#: GGUF architecture name -> transformers class.
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+#: Architectures whose query, key and value projections have biases (``blk.{i}.attn_{q,k,v}.bias``).
+BIASED = {"qwen2"}
 
 #: GGUF per-layer tensor names -> transformers names.
 LAYER_NAMES = {
@@ -37,6 +46,11 @@ LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+BIAS_NAMES = {
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
 }
 TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -101,11 +115,8 @@ def read_gguf(path: Path) -> SourceModel:
     fields = _Fields(reader, path)
     arch = fields.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        hint = (
-            " (Qwen2's attention has q/k/v biases, which specframe's networks do not have)" if arch == "qwen2" else ""
-        )
         raise CheckpointError(
-            f"{path}: GGUF architecture {arch!r} is not supported{hint}; supported: {', '.join(GGUF_ARCHITECTURES)}"
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)}"
         )
     config = _config(fields, arch)
     tensors, tied, blocks = _tensors(reader, path, arch, config, gguf)
@@ -124,7 +135,7 @@ def read_gguf(path: Path) -> SourceModel:
             ("unk_token_id", "unknown_token_id"),
         )
     }
-    return SourceModel(
+    model = SourceModel(
         architecture=GGUF_ARCHITECTURES[arch],
         config=config,
         tensors=tensors,
@@ -136,6 +147,8 @@ def read_gguf(path: Path) -> SourceModel:
         add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", pre_adds_bos)),
         description=f"{path.name} ({fields.get('general.name', arch)})",
     )
+    model.check_biases()
+    return model
 
 
 class _Fields:
@@ -166,19 +179,28 @@ def _config(fields: _Fields, arch: str) -> dict[str, Any]:
         raise CheckpointError(
             f"{fields.path}: RoPE scaling {scaling!r} is not supported by the conversion (plain RoPE only)"
         )
+    head_dim = int(fields.get(f"{arch}.attention.key_length", hidden // heads))
+    rotated = fields.get(f"{arch}.rope.dimension_count", head_dim)
+    if rotated != head_dim:
+        raise CheckpointError(
+            f"{fields.path}: {arch}.rope.dimension_count is {rotated}, but a head has {head_dim} dimensions: "
+            "rotary embeddings on part of each head (partial rotary) are not supported; specframe needs full "
+            "rotary embeddings (rope.dimension_count equal to the head size)"
+        )
     config = {
         "hidden_size": hidden,
         "num_hidden_layers": int(fields.get(f"{arch}.block_count")),
         "intermediate_size": int(fields.get(f"{arch}.feed_forward_length")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(fields.get(f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": int(fields.get(f"{arch}.attention.key_length", hidden // heads)),
+        "head_dim": head_dim,
         "rms_norm_eps": float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon")),
         "rope_theta": float(fields.get(f"{arch}.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(fields.get(f"{arch}.context_length")),
         "vocab_size": int(fields.get(f"{arch}.vocab_size", 0)),
         "hidden_act": "silu",
         "attention_bias": False,
+        "qkv_bias": arch in BIASED,
     }
     return config
 
@@ -189,14 +211,15 @@ def _tensors(
     loaders: dict[str, Callable[[], torch.Tensor]] = {}
     blocks: dict[str, Callable[[], tuple[str, torch.Tensor]]] = {}
     unknown = []
+    layer_names = {**LAYER_NAMES, **BIAS_NAMES} if arch in BIASED else LAYER_NAMES
     for tensor in reader.tensors:
         name = tensor.name
         if _IGNORED.match(name):
             continue
         target = TOP_NAMES.get(name)
         match = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-        if match and match.group(2) in LAYER_NAMES:
-            target = f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
+        if match and match.group(2) in layer_names:
+            target = f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
         if target is None:
             unknown.append(name)
             continue
