@@ -229,7 +229,7 @@ def random_weights(
     ``qkv_bias``) network."""
     dims = {**GGUF_DIMS, **(dims or {})}
     rng = np.random.default_rng(seed)
-    hidden, inter, vocab = dims["hidden_size"], dims["intermediate_size"], vocab_size()
+    hidden, inter, vocab = dims["hidden_size"], dims["intermediate_size"], dims.get("vocab_size", vocab_size())
     head_dim = dims.get("head_dim", hidden // dims["num_attention_heads"])
     q, kv = dims["num_attention_heads"] * head_dim, dims["num_key_value_heads"] * head_dim
     scale = 0.15

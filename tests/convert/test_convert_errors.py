@@ -83,7 +83,7 @@ def test_gguf_missing_a_size(tmp_path):
     ("key", "value", "message"),
     [
         ("llama.rope.scaling.type", "linear", "RoPE scaling 'linear'"),
-        ("tokenizer.ggml.model", "llama", "tokenizer model 'llama'"),
+        ("tokenizer.ggml.model", "t5", "tokenizer model 't5' is not supported.*from its transformers checkpoint"),
     ],
 )
 def test_gguf_unsupported_string_metadata(tmp_path, key, value, message):
