@@ -17,6 +17,8 @@ CHECKPOINTS = {
     "llama-tied": ("LlamaForCausalLM", True, None, {}),
     "llama-sharded": ("LlamaForCausalLM", False, "60KB", {}),
     "mistral": ("MistralForCausalLM", False, None, {}),
+    "qwen2": ("Qwen2ForCausalLM", False, None, {}),
+    "qwen2-tied": ("Qwen2ForCausalLM", True, None, {}),
     "qwen3": ("Qwen3ForCausalLM", False, None, {"head_dim": 32}),
     "qwen3-tied": ("Qwen3ForCausalLM", True, None, {"head_dim": 32}),
 }

@@ -103,6 +103,10 @@ def transformers_model(architecture: str, *, tied: bool = False, seed: int = 0, 
     }
     torch.manual_seed(seed)
     model = model_class(config_class(**settings)).eval()
+    with torch.no_grad():  # transformers starts biases (Qwen2's q/k/v) at zero, where a dropped one would not show
+        for name, parameter in model.named_parameters():
+            if name.endswith(".bias"):
+                parameter.normal_(0.0, 1.0)
     if not tied:
         # transformers initializes lm_head like every linear layer; make sure it is not the embedding
         assert not torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
@@ -119,9 +123,9 @@ def write_transformers_checkpoint(model, folder: Path, *, max_shard_size: str | 
     return folder
 
 
-def reference_greedy(model, prompt: list[int], length: int) -> list[int]:
-    """transformers' own greedy continuation in float64, never stopped by an EOS."""
-    model = model.double()
+def reference_greedy(model, prompt: list[int], length: int, dtype: torch.dtype = torch.float64) -> list[int]:
+    """transformers' own greedy continuation in ``dtype`` (float64 by default), never stopped by an EOS."""
+    model = model.to(dtype)
     model.generation_config.eos_token_id = None
     with torch.no_grad():
         output = model.generate(
@@ -170,6 +174,9 @@ GGUF_LAYER_NAMES = {
     "mlp.down_proj.weight": "ffn_down.weight",
     "self_attn.q_norm.weight": "attn_q_norm.weight",
     "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
 }
 GGUF_TOP_NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -211,12 +218,18 @@ def permute_rope_rows(weight: np.ndarray, heads: int) -> np.ndarray:
 
 
 def random_weights(
-    *, tied: bool = False, seed: int = 0, dims: dict[str, Any] | None = None, qk_norm: bool = False
+    *,
+    tied: bool = False,
+    seed: int = 0,
+    dims: dict[str, Any] | None = None,
+    qk_norm: bool = False,
+    qkv_bias: bool = False,
 ) -> dict[str, np.ndarray]:
-    """Float32 weights in transformers' names and orientation for a Llama (Qwen3: ``qk_norm``) network."""
+    """Float32 weights in transformers' names and orientation for a Llama (Qwen3: ``qk_norm``, Qwen2:
+    ``qkv_bias``) network."""
     dims = {**GGUF_DIMS, **(dims or {})}
     rng = np.random.default_rng(seed)
-    hidden, inter, vocab = dims["hidden_size"], dims["intermediate_size"], vocab_size()
+    hidden, inter, vocab = dims["hidden_size"], dims["intermediate_size"], dims.get("vocab_size", vocab_size())
     head_dim = dims.get("head_dim", hidden // dims["num_attention_heads"])
     q, kv = dims["num_attention_heads"] * head_dim, dims["num_key_value_heads"] * head_dim
     scale = 0.15
@@ -246,6 +259,9 @@ def random_weights(
         if qk_norm:
             weights[prefix + "self_attn.q_norm.weight"] = norm(head_dim)
             weights[prefix + "self_attn.k_norm.weight"] = norm(head_dim)
+        if qkv_bias:
+            for part, size in (("q", q), ("k", kv), ("v", kv)):
+                weights[prefix + f"self_attn.{part}_proj.bias"] = rng.standard_normal(size).astype(np.float32)
     weights["model.norm.weight"] = norm(hidden)
     if not tied:
         weights["lm_head.weight"] = matrix(vocab, hidden)
@@ -344,6 +360,25 @@ def write_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def read_gguf_beside_transformers(path: Path, weights: dict[str, np.ndarray]) -> tuple[Any, dict[str, Any], Any]:
+    """``read_gguf(path)``, its tensors by name, and transformers' model loaded from the same file (float32).
+
+    Asserts that the tensors are transformers' own, bit for bit, under the names of ``weights``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    from specframe.convert.gguf_source import read_gguf
+
+    source = read_gguf(path)
+    ours = {name: load() for name, load in source.tensors.items()}
+    reference = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name).eval()
+    theirs = reference.state_dict()
+    assert set(ours) == set(theirs) == set(weights)
+    for name, tensor in ours.items():
+        assert torch.equal(tensor, theirs[name]), name
+    return source, ours, reference
 
 
 # K-quants: 256 values per super-block.

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from convert_helpers import PROMPTS, leftovers, random_weights, reference_greedy, write_gguf
 
 from specframe.cli import main
+from specframe.convert.source import ARCHITECTURES
 from specframe.models import load_model
 
 
@@ -54,6 +56,16 @@ def test_a_transformers_folder_converts_and_the_ar_output_is_the_source_models(t
     capsys.readouterr()
     prompt = PROMPTS[1]
     assert _generated_ids(capsys, out, prompt) == reference_greedy(item.model, prompt, 8)
+
+
+def test_help_says_every_family_becomes_the_nemotron_layout(capsys):
+    """The help names the layout the code writes: Qwen3 too goes to Nemotron-Labs-Diffusion, not SetDLM."""
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Llama, Mistral, Qwen2 (Qwen2.5) and Qwen3 all become Nemotron-Labs-Diffusion-layout models" in text
+    assert "SetDLM-layout" not in text and "Qwen3 is not written as SetDLM" in text
+    assert set(ARCHITECTURES.values()) == {"nemotron-labs-diffusion"}
 
 
 def test_command_line_errors_are_one_line_and_leave_nothing(tmp_path, capsys):

@@ -42,13 +42,13 @@ def _convert_fails(read, out: Path, error: type[Exception], match: str, **kwargs
     assert leftovers(out) == []
 
 
-@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen2ForCausalLM"])
+@pytest.mark.parametrize("architecture", ["GPT2LMHeadModel", "Qwen2MoeForCausalLM"])
 def test_unsupported_transformers_architecture(llama_source, tmp_path, architecture):
     _edit_config(llama_source, architectures=[architecture])
     _convert_fails(lambda: read_transformers(llama_source), tmp_path / "out", CheckpointError, architecture)
 
 
-@pytest.mark.parametrize(("arch", "match"), [("qwen2", "'qwen2' is not supported.*biases"), ("gpt2", "'gpt2'")])
+@pytest.mark.parametrize(("arch", "match"), [("qwen2moe", "'qwen2moe' is not supported"), ("gpt2", "'gpt2'")])
 def test_unsupported_gguf_architecture(tmp_path, arch, match):
     path = write_gguf(tmp_path / "model.gguf", random_weights(seed=5), arch=arch)
     _convert_fails(lambda: read_gguf(path), tmp_path / "out", CheckpointError, match)
@@ -83,7 +83,7 @@ def test_gguf_missing_a_size(tmp_path):
     ("key", "value", "message"),
     [
         ("llama.rope.scaling.type", "linear", "RoPE scaling 'linear'"),
-        ("tokenizer.ggml.model", "llama", "tokenizer model 'llama'"),
+        ("tokenizer.ggml.model", "t5", "tokenizer model 't5' is not supported.*from its transformers checkpoint"),
     ],
 )
 def test_gguf_unsupported_string_metadata(tmp_path, key, value, message):
@@ -121,9 +121,52 @@ def test_rope_scaling_is_refused(llama_source, tmp_path, scaling):
     _convert_fails(lambda: read_transformers(llama_source), tmp_path / "out", CheckpointError, f"RoPE scaling '{kind}'")
 
 
-def test_attention_bias_is_refused(llama_source, tmp_path):
-    _edit_config(llama_source, attention_bias=True)
-    _convert_fails(lambda: read_transformers(llama_source), tmp_path / "out", CheckpointError, "biases")
+@pytest.mark.parametrize("field", ["attention_bias", "mlp_bias"])
+def test_biases_beyond_qkv_are_refused(llama_source, tmp_path, field):
+    """Llama's attention_bias puts a bias on o_proj too; only Qwen2's q/k/v biases convert."""
+    _edit_config(llama_source, **{field: True})
+    message = f"{field}=True .*query, key and value projections only"
+    _convert_fails(lambda: read_transformers(llama_source), tmp_path / "out", CheckpointError, message)
+
+
+@pytest.mark.parametrize(
+    "change", [{"partial_rotary_factor": 0.5}, {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4,
+                                                                    "partial_rotary_factor": 0.25}}],
+)  # fmt: skip
+def test_partial_rotary_is_refused(llama_source, tmp_path, change):
+    _edit_config(llama_source, **change)
+    factor = change.get("partial_rotary_factor", 0.25)
+    message = f"partial_rotary_factor={factor} .*specframe needs full rotary embeddings"
+    _convert_fails(lambda: read_transformers(llama_source), tmp_path / "out", CheckpointError, message)
+
+
+def test_full_rotary_factor_converts(llama_source):
+    _edit_config(llama_source, partial_rotary_factor=1.0)
+    assert read_transformers(llama_source).config["head_dim"] == 16
+
+
+def test_gguf_partial_rotary_is_refused(tmp_path):
+    metadata = {"llama.rope.dimension_count": (32, GGUFValueType.UINT32)}  # of a 64-dimension head
+    path = write_gguf(tmp_path / "model.gguf", random_weights(seed=5), metadata=metadata)
+    message = "llama.rope.dimension_count is 32, but a head has 64 dimensions.*specframe needs full rotary"
+    _convert_fails(lambda: read_gguf(path), tmp_path / "out", CheckpointError, message)
+
+
+def test_transformers_qwen2_missing_a_bias(converted, tmp_path):
+    source = Path(shutil.copytree(converted("qwen2").source, tmp_path / "source"))
+    tensors = load_file(str(source / "model.safetensors"))
+    del tensors["model.layers.0.self_attn.v_proj.bias"]
+    save_file(tensors, str(source / "model.safetensors"), metadata={"format": "pt"})
+    message = r"Qwen2ForCausalLM has query, key and value biases, .*model\.layers\.0\.self_attn\.v_proj\.bias"
+    _convert_fails(lambda: read_transformers(source), tmp_path / "out", CheckpointError, message)
+
+
+def test_qwen_sliding_window_caps_the_context_only_when_switched_on(converted, tmp_path):
+    source = Path(shutil.copytree(converted("qwen2").source, tmp_path / "source"))
+    _edit_config(source, sliding_window=64, use_sliding_window=False)
+    assert read_transformers(source).config["max_position_embeddings"] == 256
+    _edit_config(source, use_sliding_window=True)
+    assert read_transformers(source).config["max_position_embeddings"] == 64
 
 
 def test_nan_weight_fails_while_writing_and_leaves_nothing(llama_source, tmp_path):

@@ -1,4 +1,4 @@
-"""Converting transformers Llama / Mistral / Qwen3 checkpoints: the converted model is the source model.
+"""Converting transformers Llama / Mistral / Qwen2 / Qwen3 checkpoints: the converted model is the source model.
 
 The sources are tiny random models that transformers itself writes (``save_pretrained``); the oracle is
 transformers running them in float64.
@@ -21,7 +21,7 @@ from specframe.models import load_model
 from specframe.models.base import ModelCall
 from specframe.models.weights import open_weights
 
-SOURCES = ["llama", "llama-tied", "llama-sharded", "mistral", "qwen3", "qwen3-tied"]
+SOURCES = ["llama", "llama-tied", "llama-sharded", "mistral", "qwen2", "qwen2-tied", "qwen3", "qwen3-tied"]
 LENGTH = 12
 
 
@@ -57,6 +57,9 @@ def test_every_weight_is_written_unchanged_under_the_family_names(converted, nam
     assert config["rope_parameters"]["rope_theta"] == item.model.config.rope_parameters["rope_theta"] == 25000.0
     assert config["head_dim"] == item.model.config.head_dim
     assert config.get("qk_norm", False) is name.startswith("qwen3")
+    assert config.get("qkv_bias", False) is name.startswith("qwen2")
+    biases = [key for key in written if key.endswith("_proj.bias")]
+    assert len(biases) == (3 * item.model.config.num_hidden_layers if name.startswith("qwen2") else 0)
     assert config["torch_dtype"] == "float32"
     assert config["specframe_conversion"]["architecture"] == item.model.config.architectures[0]
 

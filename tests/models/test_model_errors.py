@@ -146,6 +146,15 @@ def test_unsupported_rope_type(nemotron_copy):
         load_model(nemotron_copy)
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_partial_rotary_is_refused(nemotron_copy, nested):
+    config = json.loads((nemotron_copy / "config.json").read_text())
+    (config["rope_parameters"] if nested else config)["partial_rotary_factor"] = 0.5
+    (nemotron_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"partial_rotary_factor=0\.5 \(.*specframe needs full rotary"):
+        load_model(nemotron_copy)
+
+
 NAN, INF = float("nan"), float("inf")
 
 

@@ -1,10 +1,11 @@
 """Converting autoregressive checkpoints into specframe model folders (``specframe convert``).
 
-An AR checkpoint (a GGUF file, or a transformers folder or Hub id of a Llama, Mistral or Qwen3 model) is read
-into a :class:`~specframe.convert.source.SourceModel` and written in a family's Hub layout:
+An AR checkpoint (a GGUF file, or a transformers folder or Hub id of a Llama, Mistral, Qwen2/Qwen2.5 or Qwen3
+model) is read into a :class:`~specframe.convert.source.SourceModel` and written in a family's Hub layout:
 
-* Llama, Mistral and Qwen3 -> Nemotron-Labs-Diffusion (the same block, with ``qk_norm`` for Qwen3, and an
-  untied ``diffusion_head`` that starts as the LM head), so the AR mode is exactly the source model.
+* Llama, Mistral, Qwen2 and Qwen3 -> Nemotron-Labs-Diffusion (the same block, with ``qk_norm`` for Qwen3,
+  ``qkv_bias`` for Qwen2, and an untied ``diffusion_head`` that starts as the LM head), so the AR mode is
+  exactly the source model.
 
 Qwen3 is not written as SetDLM although SetDLM's backbone is Qwen3: SetDLM verifies with MASK rows at the
 target position (no shift), which an AR-trained model never learned, so its output would not be the source

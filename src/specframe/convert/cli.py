@@ -1,4 +1,4 @@
-"""``specframe convert``: turn an AR checkpoint (GGUF, or transformers Llama/Mistral/Qwen3) into a model folder.
+"""``specframe convert``: turn an AR checkpoint (GGUF, or transformers Llama/Mistral/Qwen2/Qwen3) into a model folder.
 
 Examples::
 
@@ -19,10 +19,12 @@ def add_parser(subparsers: Any) -> None:
     """Add ``specframe convert`` to the CLI's subparsers."""
     parser = subparsers.add_parser(
         "convert",
-        help="convert an AR checkpoint (GGUF or transformers Llama/Mistral/Qwen3) into a specframe model folder",
-        description="Convert an autoregressive checkpoint into a specframe model folder: Llama and Mistral become "
-        "Nemotron-Labs-Diffusion-layout models, Qwen3 SetDLM-layout ones. The AR output is the source model's "
-        "exactly; the diffusion mode (the drafter) needs `specframe train-drafter` before speculation pays.",
+        help="convert an AR checkpoint (GGUF or transformers Llama/Mistral/Qwen2/Qwen3) into a specframe model folder",
+        description="Convert an autoregressive checkpoint into a specframe model folder. Llama, Mistral, Qwen2 "
+        "(Qwen2.5) and Qwen3 all become Nemotron-Labs-Diffusion-layout models (Qwen3 with qk_norm, Qwen2 with its "
+        "query/key/value biases); Qwen3 is not written as SetDLM, whose MASK-row verification an AR model never "
+        "learned. The AR output is the source model's exactly; the diffusion mode (the drafter) needs "
+        "`specframe train-drafter` before speculation pays.",
     )
     parser.add_argument("source", help="a .gguf file, a transformers checkpoint folder, or a Hub repo id")
     parser.add_argument("--out", required=True, type=folder_path, help="the model folder to write")

@@ -1,10 +1,13 @@
 """Reading a GGUF file (llama.cpp's format) into a :class:`~specframe.convert.source.SourceModel`.
 
-The tensors are dequantized with the ``gguf`` package (F32, F16, BF16 and the common block quantizations:
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K). llama.cpp stores the query and key rows of its ``llama``
+Architectures: ``llama``, ``mistral``, ``qwen2`` (with its query, key and value biases) and ``qwen3``; RoPE
+scaling and partial rotary embeddings (``rope.dimension_count`` below the head size) are refused. The tensors
+are dequantized with the ``gguf`` package (F32, F16, BF16 and the common block quantizations: Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1, Q2_K..Q6_K); biases stay float. llama.cpp stores the query and key rows of its ``llama``
 architecture permuted for its interleaved RoPE; they are permuted back to transformers' half-split layout.
-The tokenizer (a byte-level BPE vocabulary with merges and a pre-tokenizer name) is rebuilt as a
-``tokenizer.json``; the chat template is kept.
+The tokenizer is rebuilt as a ``tokenizer.json``: a byte-level BPE vocabulary with merges and a pre-tokenizer
+name (``tokenizer.ggml.model`` ``gpt2``), or a SentencePiece BPE vocabulary with scores (``llama``, Llama 2's);
+other tokenizer models are refused with what to do. The chat template is kept.
 """
 
 from __future__ import annotations
@@ -21,8 +24,15 @@ from specframe.convert.source import SourceModel
 from specframe.errors import CheckpointError, ConfigError
 from specframe.kernels.quant import QUANTIZED
 
-#: GGUF architecture name -> transformers class. (Qwen2 carries q/k/v biases, which the networks lack.)
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+#: GGUF architecture name -> transformers class.
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+#: Architectures whose query, key and value projections have biases (``blk.{i}.attn_{q,k,v}.bias``).
+BIASED = {"qwen2"}
 
 #: GGUF per-layer tensor names -> transformers names.
 LAYER_NAMES = {
@@ -37,6 +47,11 @@ LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+BIAS_NAMES = {
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
 }
 TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -76,7 +91,8 @@ PRE_TOKENIZERS: dict[str, dict[str, Any]] = {
     "qwen2": {"type": "Sequence", "pretokenizers": [_split(_QWEN2_SPLIT), _byte_level(False)]},
 }
 _IGNORE_MERGES = {"llama-bpe"}
-_CONTROL, _USER_DEFINED = 3, 4
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
+_SPACE = "\u2581"  # SentencePiece's visible space
 
 
 def read_gguf(path: Path) -> SourceModel:
@@ -101,19 +117,17 @@ def read_gguf(path: Path) -> SourceModel:
     fields = _Fields(reader, path)
     arch = fields.get("general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        hint = (
-            " (Qwen2's attention has q/k/v biases, which specframe's networks do not have)" if arch == "qwen2" else ""
-        )
         raise CheckpointError(
-            f"{path}: GGUF architecture {arch!r} is not supported{hint}; supported: {', '.join(GGUF_ARCHITECTURES)}"
+            f"{path}: GGUF architecture {arch!r} is not supported; supported: {', '.join(GGUF_ARCHITECTURES)}"
         )
     config = _config(fields, arch)
     tensors, tied, blocks = _tensors(reader, path, arch, config, gguf)
     config["tie_word_embeddings"] = tied
     tokenizer, control = _tokenizer(fields)
-    # Without tokenizer.ggml.add_bos_token, llama.cpp prepends BOS for byte-level BPE only with Llama 3's
-    # pre-tokenizer.
-    pre_adds_bos = fields.get("tokenizer.ggml.pre", "default") == "llama-bpe"
+    # Without tokenizer.ggml.add_bos_token, llama.cpp prepends BOS for SentencePiece vocabularies, and for
+    # byte-level BPE only with Llama 3's pre-tokenizer.
+    spm = fields.get("tokenizer.ggml.model") == "llama"
+    pre_adds_bos = spm or fields.get("tokenizer.ggml.pre", "default") == "llama-bpe"
     config["vocab_size"] = max(config["vocab_size"], len(fields.get("tokenizer.ggml.tokens")))
     special = {
         name: fields.get(f"tokenizer.ggml.{key}", None)
@@ -124,7 +138,7 @@ def read_gguf(path: Path) -> SourceModel:
             ("unk_token_id", "unknown_token_id"),
         )
     }
-    return SourceModel(
+    model = SourceModel(
         architecture=GGUF_ARCHITECTURES[arch],
         config=config,
         tensors=tensors,
@@ -136,6 +150,8 @@ def read_gguf(path: Path) -> SourceModel:
         add_bos=bool(fields.get("tokenizer.ggml.add_bos_token", pre_adds_bos)),
         description=f"{path.name} ({fields.get('general.name', arch)})",
     )
+    model.check_biases()
+    return model
 
 
 class _Fields:
@@ -166,19 +182,28 @@ def _config(fields: _Fields, arch: str) -> dict[str, Any]:
         raise CheckpointError(
             f"{fields.path}: RoPE scaling {scaling!r} is not supported by the conversion (plain RoPE only)"
         )
+    head_dim = int(fields.get(f"{arch}.attention.key_length", hidden // heads))
+    rotated = fields.get(f"{arch}.rope.dimension_count", head_dim)
+    if rotated != head_dim:
+        raise CheckpointError(
+            f"{fields.path}: {arch}.rope.dimension_count is {rotated}, but a head has {head_dim} dimensions: "
+            "rotary embeddings on part of each head (partial rotary) are not supported; specframe needs full "
+            "rotary embeddings (rope.dimension_count equal to the head size)"
+        )
     config = {
         "hidden_size": hidden,
         "num_hidden_layers": int(fields.get(f"{arch}.block_count")),
         "intermediate_size": int(fields.get(f"{arch}.feed_forward_length")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(fields.get(f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": int(fields.get(f"{arch}.attention.key_length", hidden // heads)),
+        "head_dim": head_dim,
         "rms_norm_eps": float(fields.get(f"{arch}.attention.layer_norm_rms_epsilon")),
         "rope_theta": float(fields.get(f"{arch}.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(fields.get(f"{arch}.context_length")),
         "vocab_size": int(fields.get(f"{arch}.vocab_size", 0)),
         "hidden_act": "silu",
         "attention_bias": False,
+        "qkv_bias": arch in BIASED,
     }
     return config
 
@@ -189,14 +214,15 @@ def _tensors(
     loaders: dict[str, Callable[[], torch.Tensor]] = {}
     blocks: dict[str, Callable[[], tuple[str, torch.Tensor]]] = {}
     unknown = []
+    layer_names = {**LAYER_NAMES, **BIAS_NAMES} if arch in BIASED else LAYER_NAMES
     for tensor in reader.tensors:
         name = tensor.name
         if _IGNORED.match(name):
             continue
         target = TOP_NAMES.get(name)
         match = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-        if match and match.group(2) in LAYER_NAMES:
-            target = f"model.layers.{match.group(1)}.{LAYER_NAMES[match.group(2)]}"
+        if match and match.group(2) in layer_names:
+            target = f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
         if target is None:
             unknown.append(name)
             continue
@@ -263,24 +289,25 @@ def unpermute_rope_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
 
 def _tokenizer(fields: _Fields) -> tuple[dict[str, Any], list[int]]:
     model = fields.get("tokenizer.ggml.model")
-    if model != "gpt2":
+    if model not in ("gpt2", "llama"):
         raise CheckpointError(
-            f"{fields.path}: tokenizer model {model!r} is not supported (byte-level BPE, 'gpt2', only); convert "
-            "the model from its transformers checkpoint instead, which carries a tokenizer.json"
-        )
-    pre = fields.get("tokenizer.ggml.pre", "default")
-    if pre not in PRE_TOKENIZERS:
-        raise CheckpointError(
-            f"{fields.path}: pre-tokenizer {pre!r} is not known to the conversion (known: "
-            f"{', '.join(PRE_TOKENIZERS)}); convert the model from its transformers checkpoint instead"
+            f"{fields.path}: tokenizer model {model!r} is not supported (byte-level BPE, 'gpt2', and SentencePiece "
+            "BPE, 'llama', only); convert the model from its transformers checkpoint instead, which carries a "
+            "tokenizer.json"
         )
     tokens = [str(t) for t in fields.get("tokenizer.ggml.tokens")]
-    types = list(fields.get("tokenizer.ggml.token_type", [1] * len(tokens)))
-    merges = [str(m) for m in fields.get("tokenizer.ggml.merges")]
+    types = list(fields.get("tokenizer.ggml.token_type", [_NORMAL] * len(tokens)))
     vocab = {token: index for index, token in enumerate(tokens)}
-    if len(vocab) != len(tokens):
-        raise CheckpointError(f"{fields.path}: the GGUF vocabulary repeats tokens; the file is damaged")
-    added = [
+    if len(vocab) != len(tokens) or len(types) != len(tokens):
+        raise CheckpointError(
+            f"{fields.path}: the GGUF vocabulary repeats tokens, or has not one type per token; the file is damaged"
+        )
+    if model == "llama":
+        document = _sentencepiece(fields, tokens, types, vocab)
+    else:
+        document = _byte_level_bpe(fields, vocab)
+    kept = (_CONTROL, _USER_DEFINED, _UNKNOWN) if model == "llama" else (_CONTROL, _USER_DEFINED)
+    document["added_tokens"] = [
         {
             "id": index,
             "content": tokens[index],
@@ -288,16 +315,81 @@ def _tokenizer(fields: _Fields) -> tuple[dict[str, Any], list[int]]:
             "lstrip": False,
             "rstrip": False,
             "normalized": False,
-            "special": kind == _CONTROL,
+            "special": kind != _USER_DEFINED,
         }
         for index, kind in enumerate(types)
-        if kind in (_CONTROL, _USER_DEFINED)
+        if kind in kept
     ]
-    document = {
+    control = [index for index, kind in enumerate(types) if kind == _CONTROL]
+    return document, control
+
+
+def _sentencepiece(fields: _Fields, tokens: list[str], types: list[int], vocab: dict[str, int]) -> dict[str, Any]:
+    """A SentencePiece BPE vocabulary (Llama 2's) as a ``tokenizer.json``: byte-level fallback, spaces as ``▁``.
+
+    SentencePiece merges, again and again, the adjacent pair whose joined piece scores highest; a BPE model
+    does the same when its merges are ranked by the score of the piece each makes. So every split of a piece
+    into two pieces of the vocabulary is a merge, ranked by the piece's score.
+    """
+    scores = [float(s) for s in fields.get("tokenizer.ggml.scores")]
+    if len(scores) != len(tokens):
+        raise CheckpointError(f"{fields.path}: tokenizer.ggml.scores has not one score per token; the file is damaged")
+    ranked = []
+    for index, piece in enumerate(tokens):
+        if types[index] != _NORMAL:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = vocab.get(piece[:cut]), vocab.get(piece[cut:])
+            if left is not None and right is not None and types[left] == types[right] == _NORMAL:
+                ranked.append((-scores[index], left, right))
+    ranked.sort()
+    unknown = fields.get("tokenizer.ggml.unknown_token_id", None)
+    prefix = bool(fields.get("tokenizer.ggml.add_space_prefix", True))
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": _SPACE}
+    normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": _SPACE}, spaces]}
+    decoders = [
+        {"type": "Replace", "pattern": {"String": _SPACE}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    if prefix:  # the space the normalizer put before the text is not the text's
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+    return {
         "version": "1.0",
         "truncation": None,
         "padding": None,
-        "added_tokens": added,
+        "normalizer": normalizer if prefix else spaces,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": decoders},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None if unknown is None else tokens[int(unknown)],
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": True,
+            "byte_fallback": True,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [[tokens[left], tokens[right]] for _, left, right in ranked],
+        },
+    }
+
+
+def _byte_level_bpe(fields: _Fields, vocab: dict[str, int]) -> dict[str, Any]:
+    """A byte-level BPE vocabulary (GPT-2's, Llama 3's, Qwen's, ...) as a ``tokenizer.json``."""
+    pre = fields.get("tokenizer.ggml.pre", "default")
+    if pre not in PRE_TOKENIZERS:
+        raise CheckpointError(
+            f"{fields.path}: pre-tokenizer {pre!r} is not known to the conversion (known: "
+            f"{', '.join(PRE_TOKENIZERS)}); convert the model from its transformers checkpoint instead"
+        )
+    merges = [str(m) for m in fields.get("tokenizer.ggml.merges")]
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
         "normalizer": None,
         "pre_tokenizer": PRE_TOKENIZERS[pre],
         "post_processor": None,
@@ -315,5 +407,3 @@ def _tokenizer(fields: _Fields) -> tuple[dict[str, Any], list[int]]:
             "merges": merges,
         },
     }
-    control = [index for index, kind in enumerate(types) if kind == _CONTROL]
-    return document, control

@@ -1,9 +1,12 @@
 """Reading a transformers checkpoint (a local folder or a Hub repo id) into a ``SourceModel``.
 
-Supported: ``LlamaForCausalLM``, ``MistralForCausalLM`` and ``Qwen3ForCausalLM`` with safetensors weights (one
-file or shards with an index), a ``tokenizer.json``, and the chat template from ``chat_template.jinja`` or
-``tokenizer_config.json``. RoPE scaling and attention biases are refused (the networks have neither); a
-Mistral sliding window caps the converted model's context at the window, where full attention is the same.
+Supported: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` (Qwen2 and Qwen2.5, whose query,
+key and value projections have biases) and ``Qwen3ForCausalLM`` with safetensors weights (one file or shards
+with an index), a ``tokenizer.json``, and the chat template from ``chat_template.jinja`` or
+``tokenizer_config.json``. Refused, each by name: RoPE scaling, partial rotary embeddings
+(``partial_rotary_factor`` < 1), biases other than Qwen2's q/k/v ones (``attention_bias``, ``mlp_bias``) and
+activations other than SiLU. A sliding window (Mistral's, or Qwen's with ``use_sliding_window``) caps the
+converted model's context at the window, where full attention is the same.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any
 from specframe.convert.source import ARCHITECTURES, SourceModel
 from specframe.errors import CheckpointError
 from specframe.models.chat import read_chat_template
-from specframe.models.config_json import read_json
+from specframe.models.config_json import partial_rotary_problem, read_json
 from specframe.models.weights import open_weights
 
 
@@ -42,6 +45,7 @@ def read_transformers(source: str | Path, *, revision: str | None = None) -> Sou
         raise CheckpointError(f"{folder}: no safetensors weights (model.safetensors or an index of shards)")
     tensors = _tensor_loaders(folder, raw, where)
     config["tie_word_embeddings"] = "lm_head.weight" not in tensors
+    config["qkv_bias"] = architecture == "Qwen2ForCausalLM"
     tokenizer_path = folder / "tokenizer.json"
     if not tokenizer_path.is_file():
         raise CheckpointError(f"{folder}: no tokenizer.json; the converted model needs the source's tokenizer")
@@ -61,7 +65,7 @@ def read_transformers(source: str | Path, *, revision: str | None = None) -> Sou
     prompt_bos = _prompt_bos(folder, tokenizer, special.get("bos_token_id"))
     if prompt_bos is not None:
         special["bos_token_id"] = prompt_bos
-    return SourceModel(
+    model = SourceModel(
         architecture=architecture,
         config=config,
         tensors=tensors,
@@ -72,6 +76,8 @@ def read_transformers(source: str | Path, *, revision: str | None = None) -> Sou
         add_bos=prompt_bos is not None,
         description=str(source),
     )
+    model.check_biases()
+    return model
 
 
 def _prompt_bos(folder: Path, tokenizer: dict[str, Any], bos: int | None) -> int | None:
@@ -107,8 +113,15 @@ def _network_config(raw: dict[str, Any], architecture: str, where: str) -> dict[
     kind = scaling.get("rope_type", scaling.get("type", "default")) if isinstance(scaling, dict) else "default"
     if kind != "default":
         problems.append(f"RoPE scaling {kind!r} (only plain RoPE converts)")
-    if raw.get("attention_bias") or raw.get("mlp_bias"):
-        problems.append("attention or MLP biases (the networks have none)")
+    for name in ("attention_bias", "mlp_bias"):
+        if raw.get(name):
+            problems.append(
+                f"{name}={raw[name]!r} (biases on every attention projection or on the MLP; specframe's networks "
+                "take biases on the query, key and value projections only, as Qwen2's)"
+            )
+    partial = partial_rotary_problem(raw)
+    if partial:
+        problems.append(partial)
     if raw.get("hidden_act", "silu") != "silu":
         problems.append(f"hidden_act {raw.get('hidden_act')!r} (SwiGLU with SiLU only)")
     missing = [
@@ -124,7 +137,8 @@ def _network_config(raw: dict[str, Any], architecture: str, where: str) -> dict[
     theta = raw.get("rope_theta", scaling.get("rope_theta", 10000.0) if isinstance(scaling, dict) else 10000.0)
     positions = int(raw.get("max_position_embeddings", 4096))
     window = raw.get("sliding_window")
-    if architecture == "MistralForCausalLM" and isinstance(window, int) and 0 < window < positions:
+    windowed = architecture == "MistralForCausalLM" or raw.get("use_sliding_window") is True  # Qwen: a switch
+    if windowed and isinstance(window, int) and 0 < window < positions:
         positions = window  # within the window, sliding-window attention is full attention
     return {
         "hidden_size": raw["hidden_size"],

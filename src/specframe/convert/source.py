@@ -8,10 +8,13 @@ from typing import Any
 
 import torch
 
+from specframe.errors import CheckpointError
+
 #: Architectures a source may have, by transformers' class name, and the family each becomes.
 ARCHITECTURES = {
     "LlamaForCausalLM": "nemotron-labs-diffusion",
     "MistralForCausalLM": "nemotron-labs-diffusion",
+    "Qwen2ForCausalLM": "nemotron-labs-diffusion",  # with qkv_bias; see specframe.convert
     "Qwen3ForCausalLM": "nemotron-labs-diffusion",  # with qk_norm; see specframe.convert
 }
 
@@ -22,7 +25,8 @@ class SourceModel:
 
     Attributes:
         architecture: transformers' class name (a key of :data:`ARCHITECTURES`).
-        config: The transformers ``config.json`` fields that describe the network (sizes, RoPE, norms).
+        config: The transformers ``config.json`` fields that describe the network (sizes, RoPE, norms), plus
+            ``qkv_bias`` (whether the query, key and value projections have biases, as Qwen2's do).
         tensors: ``{transformers tensor name: loader}``; each loader returns the float tensor in the
             ``[out, in]`` orientation transformers uses (dequantized, un-permuted). Names follow
             ``model.layers.{i}.self_attn.q_proj.weight`` etc.; ``lm_head.weight`` is absent when tied.
@@ -54,6 +58,27 @@ class SourceModel:
     def family(self) -> str:
         """The specframe family this architecture converts to."""
         return ARCHITECTURES[self.architecture]
+
+    def check_biases(self) -> None:
+        """Fail unless a source with q/k/v biases has all three in every layer.
+
+        Raises:
+            CheckpointError: Naming the missing bias tensors.
+        """
+        if not self.config.get("qkv_bias"):
+            return
+        names = [
+            f"model.layers.{layer}.self_attn.{part}_proj.bias"
+            for layer in range(self.config["num_hidden_layers"])
+            for part in "qkv"
+        ]
+        missing = [name for name in names if name not in self.tensors]
+        if missing:
+            listed = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+            raise CheckpointError(
+                f"{self.description}: a {self.architecture} has query, key and value biases, but tensor(s) {listed} "
+                "are missing; the checkpoint is incomplete: download it again"
+            )
 
     def load(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every tensor, one at a time, in name order."""

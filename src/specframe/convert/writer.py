@@ -144,9 +144,10 @@ def _rename(name: str, tied: bool) -> list[str]:
 
 
 def _config(source: SourceModel, mask_id: int, dtype: str) -> dict[str, Any]:
-    """The Nemotron-Labs-Diffusion config.json of a converted model (``qk_norm`` for Qwen3's block)."""
+    """The Nemotron-Labs-Diffusion config.json of a converted model (``qk_norm`` / ``qkv_bias``: Qwen3 / Qwen2)."""
     c = source.config
     qk_norm = {"qk_norm": True} if source.architecture == "Qwen3ForCausalLM" else {}
+    qk_norm |= {"qkv_bias": True} if c.get("qkv_bias") else {}
     return {
         "architectures": ["NemotronLabsDiffusionModel"],
         "model_type": nemotron.MODEL_TYPES[0],

@@ -181,10 +181,38 @@ def rope_parameters(data: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def partial_rotary_problem(data: Mapping[str, Any]) -> str | None:
+    """What is wrong with a config's ``partial_rotary_factor`` (top level or in its RoPE settings), if anything.
+
+    Args:
+        data: The parsed config.
+
+    Returns:
+        ``None`` when the field is absent or 1 (rotary embeddings over whole heads, all specframe runs), else
+        a message naming the field and its value.
+    """
+    params = data.get("rope_parameters") or data.get("rope_scaling")
+    nested = params.get("partial_rotary_factor") if isinstance(params, Mapping) else None
+    partial = data.get("partial_rotary_factor", nested)
+    if partial is None or partial == 1:
+        return None
+    return (
+        f"partial_rotary_factor={partial!r} (rotary embeddings on part of each head; specframe needs full rotary "
+        "embeddings, partial_rotary_factor 1)"
+    )
+
+
 def read_rope(fields: Fields, max_positions: int) -> RopeSpec:
-    """Read the RoPE settings (types ``default`` and ``yarn``); ``rope_theta`` may be nested or top-level."""
+    """Read the RoPE settings (types ``default`` and ``yarn``); ``rope_theta`` may be nested or top-level.
+
+    Rotary embeddings must cover whole heads: a ``partial_rotary_factor`` (nested or top-level) other than 1
+    is recorded as invalid.
+    """
     params = rope_parameters(fields.data)
     kind = params.get("rope_type", params.get("type", "default"))
+    partial = partial_rotary_problem(fields.data)
+    if partial:
+        fields.invalid.append(partial)
     theta = params.get("rope_theta")
     if theta is None:
         fields.missing.append("rope_theta (top level or inside rope_parameters)")

@@ -83,6 +83,8 @@ class LayerWeights:
         gate_up: Fused gate/up projection (``[2 intermediate, hidden]``).
         down: MLP output projection.
         qk_norm: ``[heads + kv_heads, head_dim]`` per-head q_norm then k_norm weights (Qwen3), or ``None``.
+        qkv_bias: ``[(heads + 2 kv_heads) head_dim]`` fused q/k/v biases (Qwen2), added to every row after the
+            projection (an elementwise add per row, so rows stay invariant), or ``None``.
         lora: ``(A, B, scale)`` of the proposal-only adapter on the output projection, or ``None``.
     """
 
@@ -94,6 +96,7 @@ class LayerWeights:
     down: Linear
     qk_norm: torch.Tensor | None
     lora: tuple[torch.Tensor, torch.Tensor, float] | None
+    qkv_bias: torch.Tensor | None = None
 
 
 @dataclass
@@ -125,7 +128,7 @@ class Weights:
                 yield value
         for layer in self.layers:
             yield from (layer.input_norm, layer.post_norm, *(getattr(layer, n).weight for n in _PROJECTIONS))
-            yield from (t for t in (layer.qk_norm, *(layer.lora or ())[:2]) if t is not None)
+            yield from (t for t in (layer.qk_norm, layer.qkv_bias, *(layer.lora or ())[:2]) if t is not None)
 
 
 _PROJECTIONS = ("qkv", "o", "gate_up", "down")
@@ -139,21 +142,28 @@ def fuse(network: nn.Module) -> None:
     """Store each layer's q/k/v and gate/up weights in one matrix whose row blocks become the module weights.
 
     Called once at load. The fused matrices are reachable as ``self_attn.qkv_weight`` and
-    ``mlp.gate_up_weight``; the modules keep their checkpoint names (for training and export).
+    ``mlp.gate_up_weight``; the modules keep their checkpoint names (for training and export). q/k/v biases,
+    where the network has them, are fused the same way into ``self_attn.qkv_bias``.
     """
     for layer in network.body.layers:
         for module_name, names, fused_name in _FUSED:
             module = getattr(layer, module_name)
-            parts = [getattr(module, n).weight for n in names]
-            fused = torch.cat([p.detach() for p in parts], dim=0)
-            start = 0
-            for name, part in zip(names, parts, strict=True):
-                rows = part.shape[0]
-                getattr(module, name).weight = nn.Parameter(
-                    fused[start : start + rows], requires_grad=part.requires_grad
-                )
-                start += rows
-            setattr(module, fused_name, fused)
+            setattr(module, fused_name, _fuse_parameters(module, names, "weight"))
+            if getattr(module, names[0]).bias is not None:
+                setattr(module, fused_name.replace("weight", "bias"), _fuse_parameters(module, names, "bias"))
+
+
+def _fuse_parameters(module: nn.Module, names: tuple[str, ...], kind: str) -> torch.Tensor:
+    """One tensor of the submodules' ``kind`` parameters stacked, which become views of its row blocks."""
+    parts = [getattr(getattr(module, n), kind) for n in names]
+    fused = torch.cat([p.detach() for p in parts], dim=0)
+    start = 0
+    for name, part in zip(names, parts, strict=True):
+        rows = part.shape[0]
+        view = nn.Parameter(fused[start : start + rows], requires_grad=part.requires_grad)
+        setattr(getattr(module, name), kind, view)
+        start += rows
+    return fused
 
 
 class RopeTables:
@@ -276,7 +286,10 @@ def _attention(
 ) -> torch.Tensor:
     h, kv, d = w.heads, w.kv_heads, w.head_dim
     rows = x.shape[0]
-    qkv = layer.qkv(x).view(rows, h + 2 * kv, d)
+    qkv = layer.qkv(x)
+    if layer.qkv_bias is not None:
+        qkv = qkv + layer.qkv_bias
+    qkv = qkv.view(rows, h + 2 * kv, d)
     qk = qkv[:, : h + kv]
     if layer.qk_norm is not None:
         qk = _norm(w, qk, layer.qk_norm)
@@ -548,6 +561,7 @@ class Forward:
                     down=kernel(mlp.down_proj.weight.detach(), stored("mlp", "down_proj")),
                     qk_norm=qk_norm,
                     lora=None if lora is None else (lora.lora_A.detach(), lora.lora_B.detach(), float(lora.scale)),
+                    qkv_bias=getattr(attn, "qkv_bias", None),
                 )
             )
         head = body.embed_tokens.weight if self.network.head is None else self.network.head.weight

@@ -209,7 +209,7 @@ class LowRankUpdate(nn.Module):
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention of new rows over cached + new keys, without biases.
+    """Grouped-query self-attention of new rows over cached + new keys, with q/k/v biases or none.
 
     Args:
         hidden_size: Model width.
@@ -217,16 +217,24 @@ class Attention(nn.Module):
         num_kv_heads: Key/value heads (``num_heads`` must be a multiple).
         head_dim: Size of one head (need not equal ``hidden_size / num_heads``).
         qk_norm_eps: When set, per-head RMSNorm ``q_norm`` / ``k_norm`` runs before RoPE (Qwen3).
+        qkv_bias: Whether the query, key and value projections add a bias (Qwen2); the output projection
+            never does.
     """
 
     def __init__(
-        self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, qk_norm_eps: float | None
+        self,
+        hidden_size: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        qk_norm_eps: float | None,
+        qkv_bias: bool = False,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=False)
+        self.q_proj = nn.Linear(hidden_size, num_heads * head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden_size, bias=False)
         self.q_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, qk_norm_eps) if qk_norm_eps is not None else None
@@ -286,10 +294,13 @@ class DecoderLayer(nn.Module):
         head_dim: int,
         eps: float,
         qk_norm: bool,
+        qkv_bias: bool = False,
     ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(hidden_size, eps)
-        self.self_attn = Attention(hidden_size, num_heads, num_kv_heads, head_dim, eps if qk_norm else None)
+        self.self_attn = Attention(
+            hidden_size, num_heads, num_kv_heads, head_dim, eps if qk_norm else None, qkv_bias=qkv_bias
+        )
         self.post_attention_layernorm = RMSNorm(hidden_size, eps)
         self.mlp = SwiGLU(hidden_size, intermediate_size)
 

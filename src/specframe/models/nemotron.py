@@ -6,9 +6,11 @@ attention without biases or qk-norm, YaRN RoPE, Llama-4 query scaling after RoPE
 proposal-only LoRA on ``o_proj`` (subfolder ``linear_spec_lora/``) applies to drafting rows only.
 
 Models converted from AR checkpoints (``specframe convert``) use the same layout with plain RoPE; one
-converted from Qwen3 sets ``qk_norm: true`` (per-head RMSNorm of queries and keys, Qwen3's block), a field
-the published configs do not have. Such a checkpoint may declare its drafter adapter in
-``specframe_drafter`` (see :func:`specframe.models.loading.load_model`).
+converted from Qwen3 sets ``qk_norm: true`` (per-head RMSNorm of queries and keys, Qwen3's block), one
+converted from Qwen2 ``qkv_bias: true`` (biases on the query, key and value projections, Qwen2's block:
+``encoder.layers.{i}.self_attn.{q,k,v}_proj.bias``), fields the published configs do not have. Such a
+checkpoint may declare its drafter adapter in ``specframe_drafter`` (see
+:func:`specframe.models.loading.load_model`).
 
 Checkpoint keys: ``encoder.embed_tokens.weight``, ``encoder.layers.{i}.self_attn.{q,k,v,o}_proj.weight``,
 ``encoder.layers.{i}.mlp.{gate,up,down}_proj.weight``, ``encoder.layers.{i}.{input,post_attention}_layernorm
@@ -79,9 +81,11 @@ def parse_config(raw: dict[str, Any], where: str) -> tuple[NetworkConfig, Specia
     rope = read_rope(fields, dims.max_positions)
     fields.expect("tie_word_embeddings", (False,), "Nemotron-Labs-Diffusion has an untied diffusion_head")
     mask = fields.int("mask_token_id", minimum=0)
-    qk_norm = raw.get("qk_norm", False)  # not in the published configs: models converted from Qwen3 set it
-    if not isinstance(qk_norm, bool):
-        fields.invalid.append(f"qk_norm={qk_norm!r} (expected true or false)")
+    # not in the published configs: models converted from Qwen3 set qk_norm, those from Qwen2 qkv_bias
+    switches = {name: raw.get(name, False) for name in ("qk_norm", "qkv_bias")}
+    for name, value in switches.items():
+        if not isinstance(value, bool):
+            fields.invalid.append(f"{name}={value!r} (expected true or false)")
     params = rope_parameters(raw)
     beta = params.get("llama_4_scaling_beta") or 0.0
     if not finite_number(beta):
@@ -94,7 +98,8 @@ def parse_config(raw: dict[str, Any], where: str) -> tuple[NetworkConfig, Specia
     config = NetworkConfig(
         dims=dims,
         rope=rope,
-        qk_norm=qk_norm is True,
+        qk_norm=switches["qk_norm"] is True,
+        qkv_bias=switches["qkv_bias"] is True,
         query_scale_beta=float(beta),
         query_scale_length=int(params.get("original_max_position_embeddings") or dims.max_positions),
     )

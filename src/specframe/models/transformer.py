@@ -36,6 +36,7 @@ class NetworkConfig:
         dims: Sizes read from ``config.json``.
         rope: Rotary-embedding settings.
         qk_norm: Per-head RMSNorm of queries and keys before RoPE (Qwen3).
+        qkv_bias: Biases on the query, key and value projections (Qwen2).
         tie_embeddings: The output layer reuses the input embedding.
         query_scale_beta: Llama-4 query scaling strength (0 disables it).
         query_scale_length: Positions per Llama-4 scaling step (``original_max_position_embeddings``).
@@ -44,6 +45,7 @@ class NetworkConfig:
     dims: DecoderDims
     rope: RopeSpec
     qk_norm: bool = False
+    qkv_bias: bool = False
     tie_embeddings: bool = False
     query_scale_beta: float = 0.0
     query_scale_length: int = 1
@@ -82,6 +84,7 @@ class DecoderStack(nn.Module):
                 d.head_dim,
                 d.rms_norm_eps,
                 config.qk_norm,
+                config.qkv_bias,
             )
             for _ in range(d.num_layers)
         )
