@@ -123,7 +123,7 @@ def main() -> None:
     }
     achieved = rate["batched"] / rate["alone"]
     report = {
-        "machine": machine_description(),
+        "machine": {key: value for key, value in machine_description().items() if key in ("cpu", "cpu_count", "torch")},
         "model": model.name,
         "schedule": args.schedule,
         "width": args.width,

@@ -421,7 +421,8 @@ def test_hysteresis_keeps_the_pick_between_near_equal_candidates(models, monkeyp
     estimate = auto_module.WidthPolicy._estimate
 
     def recorded(policy, context):
-        fresh = policy.chosen is None or policy._since_refresh >= auto_module.REFRESH_CALLS
+        evidence = policy.learning.verified - policy._estimated[0] >= auto_module.REFRESH_VERIFIED
+        fresh = policy.chosen is None or policy._since_refresh >= auto_module.REFRESH_CALLS or evidence
         chosen = estimate(policy, context)
         if fresh:
             estimates.append(chosen.kind == "ar")
@@ -654,6 +655,28 @@ def test_the_policy_alone_drafts_wide_when_drafts_hold_and_rows_are_cheap_and_ba
     probes = [i for i, label in enumerate(failing) if label != "ar" and i > 60]
     gaps = [b - a for a, b in zip(probes, probes[1:], strict=False) if b - a > 2]
     assert gaps == sorted(gaps) and max(gaps) >= auto_module.PROBE_AFTER_MAX - 2
+
+
+def test_a_pick_carried_over_gives_way_after_a_few_failed_verifications_not_a_full_refresh():
+    """A request starts from the last request's pick; when its drafts fail, it is re-estimated after
+    REFRESH_VERIFIED verifications, not only after REFRESH_CALLS calls."""
+    template = _policy({"tau": 0.004, "delta": 0.0003})
+    _drive(template.for_request(), accept=True, calls=60)  # drafts held: the pick is wide
+    labels = _drive(template.for_request(), accept=False, calls=40)
+    assert labels[0] != "ar"
+    assert len(set(labels[: auto_module.REFRESH_VERIFIED + 3])) > 1
+    assert labels.index("ar") < auto_module.REFRESH_CALLS + 4
+
+
+def test_requests_in_flight_together_learn_from_each_others_verifications():
+    template = _policy({"tau": 0.004, "delta": 0.0003})
+    first, second = template.for_request(), template.for_request()
+    picked = first.choose(100)
+    assert picked.kind != "ar" and second.choose(100).kind != "ar"
+    for _ in range(3 * auto_module.REFRESH_VERIFIED):  # only the first request's drafts are checked: all fail
+        first.observe_verification([("prefix", d) for d in range(2, picked.width + 1)], 0, 1)
+    assert "ar" in [second.choose(100).label for _ in range(3)]  # its estimate reads what the first found
+    assert second.stats.prior[2] < 0.2
 
 
 def test_a_deterministic_policy_reads_no_timing_no_batch_and_forgets_between_requests():

@@ -23,6 +23,10 @@ from specframe.auto.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTo
 
 #: Calls between two re-estimations of plain AR calls and the widths next to the current pick.
 REFRESH_CALLS = 16
+#: Draft verifications (the request's own and those of requests learning with it) after which the pick is
+#: re-estimated before REFRESH_CALLS calls: a pick made on the prior must not outlive the evidence against it
+#: (with 8 requests in flight, their first 16 calls all drafted on the first request's pick).
+REFRESH_VERIFIED = 4
 #: Calls between two re-estimations of every candidate.
 FULL_SCAN_CALLS = 64
 #: How far from the pick's width a re-estimation between full scans looks (a plain AR call counts as width 1).
@@ -268,7 +272,8 @@ class WidthPolicy:
 
     def _estimate(self, context: int) -> Candidate:
         """The best candidate: re-estimated every REFRESH_CALLS calls (near the pick), all every FULL_SCAN_CALLS."""
-        if self.chosen is not None and self._since_refresh < REFRESH_CALLS:
+        fresh_evidence = self.learning.verified - self._estimated[0] >= REFRESH_VERIFIED
+        if self.chosen is not None and self._since_refresh < REFRESH_CALLS and not fresh_evidence:
             return self.chosen
         revision = self.times.revision if self.times is not None else 0
         batch = self.batch_rows.bit_length() if self.batch_rows else 0  # other requests' rows, by powers of 2
@@ -278,6 +283,7 @@ class WidthPolicy:
             if self._since_scan < FULL_SCAN_CALLS or abs(context - self._estimated[3]) < CONTEXT_STEP:
                 self._since_refresh = 0
                 return self.chosen
+        moved = learned != self._estimated[0]
         self._estimated = (learned, revision, batch, context)
         self._estimates += 1
         candidates = self.candidates
@@ -285,6 +291,8 @@ class WidthPolicy:
             candidates = [c for c in candidates if _near(c, self.chosen)]
         else:
             self._since_scan = 0
+        if moved and not self.deterministic:
+            self.stats.refresh_prior()  # what the requests in flight with this one learned meanwhile
         q = self.stats.rates()
         known: dict[int, float] = {}  # a scan asks for the same few row counts many times
 

@@ -73,8 +73,12 @@ class AcceptanceStats:
 
     def start_request(self) -> None:
         """Begin a request: the pooled prefix estimate so far becomes the prior, recent counts are cleared."""
-        self.prior = self._blend(*self._pooled["prefix"], default_prior(self.size), falloff=True)
+        self.refresh_prior()
         self._recent, self._scale = _zeros(self.size), 1.0  # recent counts are stored divided by the decay so far
+
+    def refresh_prior(self) -> None:
+        """Make the pooled prefix estimate so far the prior (what requests learning together found since)."""
+        self.prior = self._blend(*self._pooled["prefix"], default_prior(self.size), falloff=True)
 
     def observe(self, chain: Sequence[tuple[str, int]], accepted: int) -> None:
         """Record one verification.
