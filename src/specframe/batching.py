@@ -24,6 +24,7 @@ import torch
 if TYPE_CHECKING:
     from specframe.models.base import ModelBackend
     from specframe.models.cache import KVCache
+    from specframe.models.paged import BlockPool
     from specframe.plan import PhysicalCall
 
 
@@ -39,6 +40,12 @@ class Stepper(Protocol):
     cache: KVCache | None
     #: The model its calls run on.
     model: ModelBackend
+    #: Makes its cache (of ``capacity`` rows) at its first call; a batch with a block pool replaces it.
+    new_cache: Callable[[int], KVCache]
+
+    @property
+    def capacity(self) -> int:
+        """KV cache rows the request needs."""
 
     @property
     def done(self) -> bool:
@@ -84,9 +91,16 @@ class Progress:
 
 
 class Batch:
-    """The requests being decoded together, advanced one model forward per :meth:`step`."""
+    """The requests being decoded together, advanced one model forward per :meth:`step`.
 
-    def __init__(self) -> None:
+    Args:
+        pool: A :class:`~specframe.models.paged.BlockPool` the requests' KV caches are paged from (their blocks
+            taken when a request's first call runs, given back when it leaves); ``None``: each request has a
+            contiguous cache of its own. With a pool, admit a request only when :meth:`fits` says so.
+    """
+
+    def __init__(self, pool: BlockPool | None = None) -> None:
+        self.pool = pool
         self._requests: dict[Hashable, tuple[Stepper, list[int]]] = {}  # key -> (stepper, [output tokens reported])
         self._checks: dict[Hashable, Callable[[PhysicalCall], None]] = {}
 
@@ -104,14 +118,35 @@ class Batch:
         """
         if key in self._requests:
             raise ValueError(f"request {key!r} is already in the batch")
+        if self.pool is not None:
+            pending = self._pending_blocks()
+            self.pool.require(stepper.capacity, taken=pending)  # raises what is wrong: never fits, or not now
+            stepper.new_cache = self.pool.new_cache
         self._requests[key] = (stepper, [0])
         if check is not None:
             self._checks[key] = check
 
+    def fits(self, stepper: Stepper) -> bool:
+        """Whether ``stepper``'s request can join now: its KV blocks are free (always, without a pool).
+
+        The blocks of the requests already in the batch that have not made their first call yet count as taken.
+        """
+        if self.pool is None:
+            return True
+        return self.pool.blocks_for(stepper.capacity) + self._pending_blocks() <= self.pool.free_blocks
+
+    def _pending_blocks(self) -> int:
+        """Blocks the requests in the batch that have not made their first call yet will take."""
+        pool = self.pool
+        return sum(pool.blocks_for(s.capacity) for s, _ in self._requests.values() if s.cache is None)
+
     def remove(self, key: Hashable) -> None:
         """Drop a request (cancelled; its cache goes with it). Unknown keys are ignored: it may have ended."""
-        self._requests.pop(key, None)
+        request = self._requests.pop(key, None)
         self._checks.pop(key, None)
+        cache = None if request is None else request[0].cache
+        if self.pool is not None and cache is not None and cache.paged:
+            self.pool.release(cache)  # its blocks go back to the free list
 
     def __len__(self) -> int:
         return len(self._requests)
@@ -193,21 +228,22 @@ def forward(
     return outputs, time.perf_counter() - started, rows
 
 
-def run(steppers: Sequence[Stepper], max_batch: int) -> Iterator[Progress]:
+def run(steppers: Sequence[Stepper], max_batch: int, pool: BlockPool | None = None) -> Iterator[Progress]:
     """Decode ``steppers`` through one :class:`Batch`, up to ``max_batch`` in flight, admitted in order.
 
     Yields each request's :class:`Progress` after each of its calls (keys are indices into ``steppers``).
-    One stepper with ``max_batch=1`` is plain one-request decoding.
+    One stepper with ``max_batch=1`` is plain one-request decoding. With a block ``pool``, a request also
+    waits until its KV blocks are free.
 
     Raises:
         Exception: The first error a request raised (the library's calls fail as a whole; a server isolates
             failures by stepping a :class:`Batch` itself).
     """
-    batch, waiting = Batch(), deque(range(len(steppers)))
+    batch, waiting = Batch(pool), deque(range(len(steppers)))
     while waiting or len(batch):
-        while waiting and len(batch) < max_batch:
+        while waiting and len(batch) < max_batch and (not len(batch) or batch.fits(steppers[waiting[0]])):
             index = waiting.popleft()
-            batch.add(index, steppers[index])
+            batch.add(index, steppers[index])  # alone in the batch, a request that can never fit says why
         for progress in batch.step():
             if progress.error is not None:
                 raise progress.error

@@ -470,6 +470,9 @@ class Stepper:
     def __init__(self, decoder: Decoder, state: DecodeState, schedule: Schedule) -> None:
         self.decoder, self.state, self.schedule = decoder, state, schedule
         self.model = decoder.model
+        #: Makes the request's cache at its first call (the model's ``new_cache``; a batch with a block pool
+        #: gives its pool's instead, see :class:`specframe.batching.Batch`).
+        self.new_cache = decoder.model.new_cache
         self.metrics = Metrics()
         self.cache: KVCache | None = None
         self.ledger = CacheLedger(state)
@@ -484,6 +487,13 @@ class Stepper:
         """Whether the request is complete."""
         return self.state.done
 
+    @property
+    def capacity(self) -> int:
+        """KV cache rows the request needs: prompt, output, and staging room for its largest call."""
+        state, builder = self.state, self.decoder.builder
+        width = min(state.ctx.width, state.max_new_tokens)  # a window never spans more positions than the output
+        return len(state.prompt) + state.max_new_tokens + builder.max_rows(width, 0)
+
     def prepare(self) -> PhysicalCall | None:
         """Plan the request's next call and lay it out; ``None`` when the request is done.
 
@@ -496,10 +506,7 @@ class Stepper:
         started = time.perf_counter()
         try:
             if self.cache is None:
-                # Staging room for the largest call: a window never spans more positions than the output.
-                builder, width = self.decoder.builder, min(state.ctx.width, state.max_new_tokens)
-                capacity = len(state.prompt) + state.max_new_tokens + builder.max_rows(width, 0)
-                self.cache = self.ledger.cache = self.decoder.model.new_cache(capacity)
+                self.cache = self.ledger.cache = self.new_cache(self.capacity)
             if self.metrics.nfe >= self._budget:
                 raise RuntimeError(f"schedule {schedule.name!r} made no progress after {self.metrics.nfe} calls")
             plan = schedule.plan(state)

@@ -188,7 +188,7 @@ def _request(model, seed: int, cached: int, rows: int, adapter: bool, select: bo
 def _segment(cached: int, rows: int):
     """The shape of a request's attention segment (its buffers do not matter to the layout's choice)."""
     empty = torch.empty(0)
-    return empty, empty, torch.zeros(rows, cached + rows), slice(cached, cached + rows)
+    return empty, empty, torch.zeros(rows, cached + rows), slice(cached, cached + rows), None
 
 
 def _copy(cache):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 from serve_helpers import acceptance, expected_text, offline
 
 from specframe.batching import Batch
@@ -18,8 +19,8 @@ GREEDY = DecodeOptions(json.dumps("packed"), json.dumps("ltr"), json.dumps("gree
 class CountingBatch(Batch):
     """The engine core's batch, recording how many requests each step advanced."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, pool=None) -> None:
+        super().__init__(pool)
         self.sizes: list[int] = []
 
     def step(self):
@@ -141,3 +142,43 @@ def test_concurrent_sampled_requests_with_width_auto_each_give_their_output_alon
                            max_tokens=12, seed=seed)  # fmt: skip
         assert event.kind == "done" and event.generation.output_ids == expected.output_ids
     assert engine.decoders.composed == 1
+
+
+def test_with_a_kv_block_pool_requests_wait_for_free_blocks_and_decode_as_alone(served_model):
+    from specframe.models.paged import BlockPool
+
+    jobs = _jobs(served_model, PROMPTS, max_tokens=8)
+    probe = decoder_factory(served_model, threads=1, max_tokens=64)(GREEDY)
+    need = max(probe.stepper(prompt_ids=job.prompt_ids, max_new_tokens=8).capacity for job in jobs)
+    pool = BlockPool.for_model(served_model, blocks=2 * -(-need // 8), block_size=8)  # two requests at a time
+    batch = CountingBatch(pool)
+    engine = Engine(decoder_factory(served_model, threads=1, max_tokens=64), max_active=6, batch=batch)
+    results = _run(engine, jobs, hold_first=True)
+    for prompt, event in zip(PROMPTS, results, strict=True):
+        expected = offline(served_model, served_model.encode_prompt(prompt), max_tokens=8)
+        assert event.kind == "done" and event.generation.output_ids == expected.output_ids
+    assert max(batch.sizes) == 2 < len(PROMPTS)  # admitted by free blocks, not by max_active
+    assert pool.free_blocks == pool.blocks
+
+
+def test_a_request_no_kv_block_pool_of_the_server_could_hold_fails_alone_with_a_400(served_model):
+    from specframe.models.paged import BlockPool
+
+    pool = BlockPool.for_model(served_model, blocks=2, block_size=8)
+    engine = Engine(decoder_factory(served_model, threads=1, max_tokens=64), max_active=4, batch=Batch(pool))
+    results = _run(engine, _jobs(served_model, ["def fib(n):"], max_tokens=30))
+    assert results[0].kind == "error" and results[0].error.status == 400
+    message = results[0].error.message
+    assert "can never fit this pool of 2 blocks" in message and "--kv-blocks" in message
+
+
+def test_serve_pages_kv_caches_from_one_pool_when_given_kv_blocks():
+    from specframe.errors import ConfigError
+    from specframe.serve.builder import build_app
+
+    app = build_app("nemotron-stdlib-tiny", schedule="packed", width=4, threads=1, kv_blocks=12, kv_block_size=8)
+    pool = app.state.api.engine.batch.pool
+    assert pool.blocks == 12 and pool.block_size == 8 and pool.free_blocks == 12
+    assert build_app("nemotron-stdlib-tiny", schedule="packed", width=4, threads=1).state.api.engine.batch.pool is None
+    with pytest.raises(ConfigError, match="kv_blocks must be an integer >= 1, got 0"):
+        build_app("nemotron-stdlib-tiny", schedule="packed", width=4, threads=1, kv_blocks=0)

@@ -8,7 +8,8 @@
 
 Operators (``torch.ops.specframe_kernels``): ``linear(x, weight, format, out_features)`` over float32,
 bfloat16, Q8_0, Q4_0 and Q4_1 weights (:mod:`specframe.kernels.quant`), and ``attention(q, keys, values,
-visible, scale)``, where each (row, head) reduces over its visible keys in key order, and
+visible, scale, rows=None)``, where each (row, head) reduces over its visible keys in key order (key ``j`` at
+row ``rows[j]`` of a paged cache's blocks when a row map is given, read in place), and
 ``rms_norm(x, weight, eps)``, ``silu_mul(gate_up)`` and ``rope(x, cos, sin)``, each row alone. All are
 ``torch.library``
 operators, so compiled graphs call them too. They are built on first use (:mod:`specframe.kernels.build`);
@@ -62,7 +63,12 @@ def _linear_shape(x: torch.Tensor, weight: torch.Tensor, format: int, out_featur
 
 
 def _attention_shape(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor, scale: float
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     return q.new_empty(q.shape[0], q.shape[1] * q.shape[2])
 

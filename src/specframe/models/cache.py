@@ -32,6 +32,9 @@ class KVCache:
         device: Storage device.
     """
 
+    #: Whether the rows live in a shared pool's blocks (:class:`~specframe.models.paged.PagedKVCache`).
+    paged = False
+
     def __init__(
         self,
         num_layers: int,
@@ -74,6 +77,13 @@ class KVCache:
             )
         self.staged = rows
 
+    def staged_rows(self) -> tuple[slice, None]:
+        """Where a forward writes the staged rows, and how attention finds the span's rows.
+
+        A slice of the buffer, and ``None``: rows ``0 .. length + staged`` in place (a paged cache gives a row map).
+        """
+        return slice(self.length, self.length + self.staged), None
+
     def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Stage the new rows of ``layer`` and return keys and values of cached + staged rows.
 
@@ -106,9 +116,7 @@ class KVCache:
             raise IndexError(f"commit rows {list(rows)} outside the {self.staged} staged rows")
         count = len(rows)
         if list(rows) != list(range(count)):  # the leading staged rows already sit where they are kept
-            index = torch.as_tensor(list(rows), device=self.keys.device) + self.length
-            self.keys[:, self.length : self.length + count] = self.keys.index_select(1, index)
-            self.values[:, self.length : self.length + count] = self.values.index_select(1, index)
+            self._move(torch.as_tensor(list(rows), device=self.keys.device) + self.length, self.length)
         self.length += count
         self.staged = 0
         if positions is not None:
@@ -123,8 +131,12 @@ class KVCache:
         keep = [i for i, p in enumerate(self.positions) if p not in positions]
         if len(keep) == self.length:
             return
-        index = torch.as_tensor(keep, dtype=torch.long, device=self.keys.device)
-        self.keys[:, : len(keep)] = self.keys.index_select(1, index)
-        self.values[:, : len(keep)] = self.values.index_select(1, index)
+        self._move(torch.as_tensor(keep, dtype=torch.long, device=self.keys.device), 0)
         self.positions = [self.positions[i] for i in keep]
         self.length = len(keep)
+
+    def _move(self, source: torch.Tensor, start: int) -> None:
+        """Copy the rows ``source`` to rows ``start ..`` in every layer (all read before any is written)."""
+        end = start + source.shape[0]
+        self.keys[:, start:end] = self.keys.index_select(1, source)
+        self.values[:, start:end] = self.values.index_select(1, source)

@@ -213,7 +213,7 @@ class CompiledPath:
             self._traced_weights = forward.weights
         rows = call.input_ids.shape[0]
         graph = None
-        if cache.length + rows <= cache.capacity:
+        if cache.length + rows <= cache.capacity and not cache.paged:  # a paged cache's rows: eagerly, in place
             if cache.length > 0:
                 graph = self._graph()
             elif not self.cuda and rows <= PROMPT_ROWS:  # a prompt, once the graph exists (it is not counted)

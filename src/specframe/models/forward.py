@@ -204,12 +204,14 @@ class RopeTables:
 
 
 # -- the step ------------------------------------------------------------------------------------------------
-Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | slice]
+Segment = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | slice, torch.Tensor | None]
 """One request's share of a step: its cache's ``keys`` and ``values`` buffers (``[layers, capacity, kv, dim]``),
 its attention mask over the cache rows ``0 .. span`` and the cache rows its new rows' keys and values are
 written to: eagerly a ``[rows, span]`` mask and a slice, in graphs a ``[group * rows, span]`` mask (query heads
 of one kv head stacked, :func:`graph_mask`) and a ``[rows]`` tensor. With the invariant kernels
-(``Weights.invariant``) the mask is a bool ``[rows, span]`` "visible" mask on every path."""
+(``Weights.invariant``) the mask is a bool ``[rows, span]`` "visible" mask on every path. The last item is
+``None``, or for a paged cache (:mod:`specframe.models.paged`) the pool row of each of the span's rows (its new
+rows' are then a ``[rows]`` tensor of pool rows): attention reads them in place."""
 
 
 def step(
@@ -304,7 +306,7 @@ def _attention(
     else:  # invariant kernels: each request's rows attend alone, as they would in a call of their own
         outs, start = [], 0
         for segment in segments:
-            end = start + segment[3].stop - segment[3].start
+            end = start + _count(segment[3])
             outs.append(_attend(w, index, q[start:end], k[start:end], v[start:end], *segment))
             start = end
         out = torch.cat(outs)
@@ -317,6 +319,11 @@ def _attention(
     return projected
 
 
+def _count(slots: torch.Tensor | slice) -> int:
+    """Rows a segment's new rows take: a slice's length or a tensor's."""
+    return slots.stop - slots.start if isinstance(slots, slice) else int(slots.shape[0])
+
+
 def _attend(
     w: Weights,
     index: int,
@@ -327,12 +334,14 @@ def _attend(
     values: torch.Tensor,
     mask: torch.Tensor,
     slots: torch.Tensor | slice,
+    rows_map: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One request's rows: write their keys and values into its cache, attend over its first ``span`` rows.
 
     Eagerly (``slots`` a slice) one ``scaled_dot_product_attention`` under a ``[rows, span]`` mask; in graphs
     (``slots`` a tensor) the same product spelt out under a ``[group * rows, span]`` mask, whose explicit copies
     and ``bmm`` keep the graph from guarding on a row count of 1 (``reshape``, ``@`` and SDPA's checks would ask).
+    A paged cache's rows (``rows_map``) are read in place by the invariant kernel, gathered for torch's.
     """
     kv, d = w.kv_heads, w.head_dim
     rows, group, span = q.shape[0], w.heads // kv, mask.shape[1]
@@ -344,7 +353,16 @@ def _attend(
         keys.index_put_(at, k)
         values.index_put_(at, v)
     if mask.dtype == torch.bool:  # the invariant kernel: each (row, head) over its visible keys in key order
-        return torch.ops.specframe_kernels.attention(q, keys[index], values[index], mask, d**-0.5)
+        return torch.ops.specframe_kernels.attention(q, keys[index], values[index], mask, d**-0.5, rows_map)
+    if rows_map is not None:  # torch's attention on a paged cache: the span's rows gathered, then as eagerly
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None],
+            keys[index].index_select(0, rows_map).transpose(0, 1)[None],
+            values[index].index_select(0, rows_map).transpose(0, 1)[None],
+            attn_mask=mask,
+            enable_gqa=group > 1,
+        )
+        return out[0].transpose(0, 1).reshape(rows, w.heads * d)
     if isinstance(slots, slice):  # eager: one attention kernel
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None],
@@ -379,8 +397,8 @@ class Padded:
     """
 
     def __init__(self, segments: Sequence[Segment], dtype: torch.dtype) -> None:
-        rows = [slots.stop - slots.start for *_, slots in segments]
-        spans = [mask.shape[1] for _, _, mask, _ in segments]
+        rows = [slots.stop - slots.start for _, _, _, slots, _ in segments]
+        spans = [mask.shape[1] for _, _, mask, _, _ in segments]
         starts = [sum(rows[:i]) for i in range(len(rows))]
         buckets: dict[int, list[int]] = {}
         for index, n in enumerate(rows):
@@ -413,7 +431,7 @@ class Padded:
     @classmethod
     def of(cls, w: Weights, segments: Sequence[Segment]) -> Padded | None:
         """The grouped layout of eager ``segments``; ``None`` for one request, in graphs or with invariant kernels."""
-        if w.invariant or len(segments) < 2 or not all(isinstance(slots, slice) for *_, slots in segments):
+        if w.invariant or len(segments) < 2 or not all(isinstance(slots, slice) for _, _, _, slots, _ in segments):
             return None
         return cls(segments, w.dtype)
 
@@ -428,7 +446,7 @@ class Padded:
     ) -> torch.Tensor:
         """Layer ``index``'s attention output of all rows, in the rows' order (``[rows, heads * dim]``)."""
         start = 0
-        for keys, values, _, slots in segments:
+        for keys, values, _, slots, _ in segments:
             end = start + slots.stop - slots.start
             keys[index, slots] = k[start:end]
             values[index, slots] = v[start:end]
@@ -511,7 +529,7 @@ def graph_call(
     rows = input_ids.shape[0]
     mask = graph_mask(attention, length, span, w.heads // w.kv_heads, torch.bool if w.invariant else w.dtype)
     slots = length + torch.arange(rows, device=input_ids.device)
-    return (step(w, input_ids, position_ids, [(keys, values, mask, slots)], adapter_rows),)
+    return (step(w, input_ids, position_ids, [(keys, values, mask, slots, None)], adapter_rows),)
 
 
 # -- the eager runner ---------------------------------------------------------------------------------------
@@ -631,7 +649,7 @@ class Forward:
             rows = call.input_ids.shape[0]
             cache.reserve(rows)
             mask = eager_mask(call.attention, cache.length, torch.bool if w.invariant else w.dtype)
-            segments.append((cache.keys, cache.values, mask, slice(cache.length, cache.length + rows)))
+            segments.append((cache.keys, cache.values, mask, *cache.staged_rows()))
             counts.append(rows if call.output_rows is None else call.output_rows.shape[0])
             offsets.append(start)
             start += rows

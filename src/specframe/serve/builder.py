@@ -91,6 +91,8 @@ def build_app(
     max_body_bytes: int = 1 << 20,
     max_width: int = 32,
     max_rows: int | None = None,
+    kv_blocks: int | None = None,
+    kv_block_size: int = 16,
     exact_only: bool = False,
     read_timeout: float = 30.0,
     device: str | None = None,
@@ -118,6 +120,9 @@ def build_app(
         max_body_bytes: Largest request body.
         max_width: Widest width a request may ask for.
         max_rows: The most rows one call of a request that gives a width may have (``None``: no limit).
+        kv_blocks: Page every request's KV cache from one pool of this many blocks, allocated now; a request
+            waits until its blocks are free (``None``: a contiguous cache per request).
+        kv_block_size: Rows per KV block.
         exact_only: Refuse requests (and defaults) whose decoding is not exact (the output not the AR model's).
         read_timeout: Seconds a client may take to send its request body (408 after).
         device: Device to load the model on.
@@ -134,7 +139,9 @@ def build_app(
     _require_serve_extra()
     import torch
 
+    from specframe.batching import Batch
     from specframe.config import compose
+    from specframe.models.paged import BlockPool
     from specframe.serve.app import ServerSettings, create_app
     from specframe.serve.engine import Engine
     from specframe.serve.metrics import ServerMetrics
@@ -148,6 +155,8 @@ def build_app(
         ("max_body_bytes", max_body_bytes),
         ("max_width", max_width),
         ("max_rows", max_rows),
+        ("kv_blocks", kv_blocks),
+        ("kv_block_size", kv_block_size),
     ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -191,6 +200,7 @@ def build_app(
         max_queue=max_queue,
         metrics=ServerMetrics(),
         max_rows=max_rows,
+        batch=None if kv_blocks is None else Batch(BlockPool.for_model(backend, kv_blocks, kv_block_size)),
     )
     defaults = Defaults(schedule=schedule, width=width, order=order)
 

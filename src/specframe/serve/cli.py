@@ -73,6 +73,13 @@ def add_parser(sub: Any) -> None:
         "(W+1)(W+2)); default: no limit",
     )
     parser.add_argument(
+        "--kv-blocks",
+        type=int,
+        help="page every request's KV cache from one pool of this many blocks, allocated at start; a request "
+        "waits until its blocks are free (default: a cache of its own per request)",
+    )
+    parser.add_argument("--kv-block-size", type=int, default=16, help="rows per KV block (default 16)")
+    parser.add_argument(
         "--exact-only",
         action="store_true",
         help="refuse requests whose schedule is not exact (output not the AR model's), such as native",
@@ -116,7 +123,8 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key, or leave the option out for no authentication")
-    limits = ("max_active", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "max_width", "max_rows")
+    limits = ("max_active", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "max_width", "max_rows",
+              "kv_blocks", "kv_block_size")  # fmt: skip
     for name in limits:
         value = getattr(args, name)
         if value is not None and value < 1:

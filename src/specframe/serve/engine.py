@@ -279,8 +279,11 @@ class Engine:
                     cancelled, self._cancelled = self._cancelled, set()
                 for key in cancelled:
                     self._retire(key, "cancelled")
-                for submission in admits:
-                    self._admit(submission)
+                for index, submission in enumerate(admits):
+                    if not self._admit(submission):  # its KV blocks are not free yet: it and those after it wait
+                        with self._cond:
+                            self._waiting.extendleft(reversed(admits[index:]))
+                        break
                 if len(self.batch):
                     self._step()
         except BaseException:  # a bug in the engine itself: say so, and fail every request rather than hang
@@ -289,33 +292,41 @@ class Engine:
         finally:
             self._shutdown()
 
-    def _admit(self, submission: Submission) -> None:
+    def _admit(self, submission: Submission) -> bool:
+        """Start decoding a waiting request (or end it with its error); False when its KV blocks are not free yet."""
         job = submission.job
-        key, self._next_key = self._next_key, self._next_key + 1
-        now = time.perf_counter()
-        self.metrics.observe("specframe_queue_wait_seconds", now - job.arrived)
         try:
             decoder = self.decoders.get(job.options)
         except SpecframeError as exc:
             self._fail(submission, APIError(400, str(exc), param=_param_of(str(exc)), code="invalid_value"))
-            return
+            return True
         except Exception as exc:
             log.exception("composing a decoder failed")
             self._fail(submission, APIError(500, f"composing the decoder failed: {type(exc).__name__}: {exc}"))
-            return
+            return True
         try:
             stepper = decoder.stepper(prompt_ids=job.prompt_ids, max_new_tokens=job.max_tokens, seed=job.seed)
         except SpecframeError as exc:
             self._fail(submission, APIError(400, str(exc), code="invalid_value"))
-            return
+            return True
+        if len(self.batch) and not self.batch.fits(stepper):
+            return False
+        key, self._next_key = self._next_key, self._next_key + 1
+        now = time.perf_counter()
+        self.metrics.observe("specframe_queue_wait_seconds", now - job.arrived)
         capped = self.max_rows is not None and job.options.width != "auto"
-        self.batch.add(key, stepper, check=_rows_limit(self.max_rows, stepper, decoder.width) if capped else None)
+        try:
+            self.batch.add(key, stepper, check=_rows_limit(self.max_rows, stepper, decoder.width) if capped else None)
+        except SpecframeError as exc:  # a request no KV block pool of this server could hold
+            self._fail(submission, APIError(400, f"{exc} (specframe serve --kv-blocks)", code="invalid_value"))
+            return True
         with self._cond:
             self._active[key] = _Active(submission, decoder, now)
             if submission.cancelled:  # its client went away while it was being admitted (then it was neither
                 self._cancelled.add(key)  # waiting nor active): retired before its first step
         info = {"schedule": decoder.schedule.name, "width": decoder.width, "exact": decoder.exact}
         submission.post(Event("started", info=info))
+        return True
 
     def _fail(self, submission: Submission, error: APIError) -> None:
         submission.ended = True

@@ -113,8 +113,9 @@ void quant_linear(int format, const int8_t* qx, const float* dx, const float* ds
 }
 
 template <typename T>
-void attend(const float* q, int64_t H, int64_t D, const T* keys, const T* values, int64_t key_stride, int64_t kv_heads,
-            const bool* visible, int64_t span, float softmax_scale, float* out, int64_t task0, int64_t task1) {
+void attend(const float* q, int64_t H, int64_t D, const T* keys, const T* values, int64_t key_stride,
+            const int64_t* rows, int64_t kv_heads, const bool* visible, int64_t span, float softmax_scale, float* out,
+            int64_t task0, int64_t task1) {
   const int64_t group = H / kv_heads;
   std::vector<float> scores(span), acc(D);
   for (int64_t task = task0; task < task1; ++task) {
@@ -124,7 +125,7 @@ void attend(const float* q, int64_t H, int64_t D, const T* keys, const T* values
     float top = -INFINITY;
     for (int64_t j = 0; j < span; ++j) {
       if (!seen[j]) continue;
-      const T* kj = keys + j * key_stride + g * D;
+      const T* kj = keys + (rows ? rows[j] : j) * key_stride + g * D;
       float s = 0.0f;
       for (int64_t k = 0; k < D; ++k) s += qv[k] * scalar(kj[k]);
       scores[j] = s * softmax_scale;
@@ -136,7 +137,7 @@ void attend(const float* q, int64_t H, int64_t D, const T* keys, const T* values
       if (!seen[j]) continue;
       const float p = std::exp(scores[j] - top);
       total += p;
-      const T* vj = values + j * key_stride + g * D;
+      const T* vj = values + (rows ? rows[j] : j) * key_stride + g * D;
       for (int64_t k = 0; k < D; ++k) acc[k] += p * scalar(vj[k]);
     }
     const float inverse = total > 0.0f ? 1.0f / total : 0.0f;
@@ -235,10 +236,10 @@ struct Variant {
                         float*, int64_t, int64_t);
   bool packs;
   void (*silu_mul_rows)(const float*, int64_t, int64_t, float*);
-  void (*attend_f32)(const float*, int64_t, int64_t, const float*, const float*, int64_t, int64_t, const bool*, int64_t,
-                     float, float*, int64_t, int64_t);
-  void (*attend_bf16)(const float*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, int64_t, const bool*,
-                      int64_t, float, float*, int64_t, int64_t);
+  void (*attend_f32)(const float*, int64_t, int64_t, const float*, const float*, int64_t, const int64_t*, int64_t,
+                     const bool*, int64_t, float, float*, int64_t, int64_t);
+  void (*attend_bf16)(const float*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, const int64_t*,
+                      int64_t, const bool*, int64_t, float, float*, int64_t, int64_t);
 };
 
 #define SF_VARIANT(ns, label, wide)                                                                                \
@@ -365,7 +366,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
 }
 
 at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& visible,
-                     double softmax_scale) {
+                     double softmax_scale, const c10::optional<at::Tensor>& rows) {
   TORCH_CHECK(q.dim() == 3, "specframe_kernels::attention: q must be [rows, heads, dim], got ", q.sizes());
   TORCH_CHECK(keys.dim() == 3 && values.sizes() == keys.sizes(), "specframe_kernels::attention: keys and values must be "
               "[rows, kv_heads, dim] alike, got ", keys.sizes(), " and ", values.sizes());
@@ -373,8 +374,17 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
               "specframe_kernels::attention: visible must be a [rows, span] bool mask");
   const int64_t R = q.size(0), H = q.size(1), D = q.size(2), KV = keys.size(1), span = visible.size(1);
   TORCH_CHECK(D <= MAX_HEAD_DIM, "specframe_kernels::attention: head size ", D, " is over ", MAX_HEAD_DIM);
-  TORCH_CHECK(keys.size(0) >= span && keys.size(2) == D && H % KV == 0,
+  TORCH_CHECK((rows.has_value() || keys.size(0) >= span) && keys.size(2) == D && H % KV == 0,
               "specframe_kernels::attention: keys ", keys.sizes(), " do not fit q ", q.sizes(), " and span ", span);
+  at::Tensor row_map;  // key j's row in keys/values (a paged cache); absent: row j
+  if (rows.has_value()) {
+    row_map = rows->contiguous();
+    TORCH_CHECK(row_map.dim() == 1 && row_map.size(0) == span && row_map.scalar_type() == at::kLong,
+                "specframe_kernels::attention: rows must be an int64 [span] row map, got ", row_map.sizes());
+    TORCH_CHECK(span == 0 || (row_map.min().item<int64_t>() >= 0 && row_map.max().item<int64_t>() < keys.size(0)),
+                "specframe_kernels::attention: rows point outside the ", keys.size(0), " rows of keys");
+  }
+  const int64_t* row_ptr = rows.has_value() ? row_map.data_ptr<int64_t>() : nullptr;
   TORCH_CHECK(keys.stride(2) == 1 && keys.stride(1) == D && values.stride(2) == 1 && values.stride(1) == D &&
                   values.stride(0) == keys.stride(0),
               "specframe_kernels::attention: keys and values must be row-strided [rows, kv_heads, dim] views");
@@ -388,11 +398,12 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   const float scale = (float)softmax_scale;
   at::parallel_for(0, R * H, grain(span * D * 2), [&](int64_t t0, int64_t t1) {
     if (keys.scalar_type() == at::kFloat)
-      v.attend_f32(qf.data_ptr<float>(), H, D, keys.data_ptr<float>(), values.data_ptr<float>(), keys.stride(0), KV,
+      v.attend_f32(qf.data_ptr<float>(), H, D, keys.data_ptr<float>(), values.data_ptr<float>(), keys.stride(0),
+                   row_ptr, KV,
                    seen.data_ptr<bool>(), span, scale, out.data_ptr<float>(), t0, t1);
     else
       v.attend_bf16(qf.data_ptr<float>(), H, D, reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>()),
-                    reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), keys.stride(0), KV,
+                    reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), keys.stride(0), row_ptr, KV,
                     seen.data_ptr<bool>(), span, scale, out.data_ptr<float>(), t0, t1);
   });
   out = out.view({R, H * D});
@@ -498,7 +509,7 @@ void select_variant(const std::string& name) {
 
 TORCH_LIBRARY(specframe_kernels, m) {
   m.def("linear(Tensor x, Tensor weight, int format, int out_features) -> Tensor");
-  m.def("attention(Tensor q, Tensor keys, Tensor values, Tensor visible, float scale) -> Tensor");
+  m.def("attention(Tensor q, Tensor keys, Tensor values, Tensor visible, float scale, Tensor? rows=None) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
