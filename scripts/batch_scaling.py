@@ -8,10 +8,11 @@ Usage::
 The *bound* is what batching alone can buy: ``B x t(one 1-row call) / t(one forward of B requests' 1-row
 calls)``, each request against its own cache of a typical context, timed here (fastest of ``--repeats``,
 interleaved). The *achieved* ratio is decoding throughput at ``--batch`` requests in flight over one at a
-time (``generate_many`` with ``max_batch`` B and 1, same prompts and seeds, consumer-side wall time,
+time (the engine core's ``batching.run`` with ``max_batch`` B and 1, same prompts and seeds, wall time,
 interleaved ``--repeats`` times, fastest kept). ``achieved / bound`` is the share of the model's batching
-gain the engine delivers; the host (planning, masks, acceptance, bookkeeping) takes the rest. Every batched
-output is checked equal to its unbatched one.
+gain the engine delivers; the host (planning, masks, acceptance, bookkeeping) takes the rest. With
+``--kv-blocks N`` the batched run is also timed with its caches paged from a pool of N blocks
+(``paged_over_contiguous``). Every batched output is checked equal to its unbatched one.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import time
 
 import torch
 
-from specframe import compose
+from specframe import batching, compose
 from specframe.bench.output import machine_description
 from specframe.models.base import ModelCall
+from specframe.models.paged import BlockPool
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -70,6 +72,15 @@ def one_row_calls(model, caches):
     return time.perf_counter() - started
 
 
+def decode(decoder, max_batch, pool=None):
+    """Every prompt through one engine-core run: (wall seconds, output tokens, outputs)."""
+    started = time.perf_counter()
+    steppers = [decoder.stepper(prompt, seed=seed) for seed, prompt in enumerate(PROMPTS)]
+    results = {p.key: p.generation for p in batching.run(steppers, max_batch, pool) if p.generation is not None}
+    outputs = [results[i].output_ids for i in range(len(PROMPTS))]
+    return time.perf_counter() - started, sum(len(ids) for ids in outputs), outputs
+
+
 def prefilled(model, context):
     cache = model.new_cache(context + 4)
     ids = torch.arange(context, device=model.device) % (model.vocab_size - 1)
@@ -97,6 +108,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--context", type=int, default=64, help="cache length of the bound's calls")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kv-blocks", type=int, default=None, help="also time the batch paged from this many blocks")
+    parser.add_argument("--kv-block-size", type=int, default=16)
     args = parser.parse_args()
     config = {"schedule": args.schedule, "width": args.width, "max_new_tokens": args.max_new_tokens}
     for key in ("model", "dtype", "quant"):
@@ -105,22 +118,21 @@ def main() -> None:
     decoder = compose(config)
     model = decoder.model
     caches = [prefilled(model, args.context) for _ in range(args.batch)]
-    seeds = list(range(len(PROMPTS)))
-    decoder.generate_many(PROMPTS[: args.batch], seeds=seeds[: args.batch], max_batch=args.batch)  # warm up
-    one, many, alone, batched, outputs = [], [], [], [], {}
+    pool = None if args.kv_blocks is None else BlockPool.for_model(model, args.kv_blocks, args.kv_block_size)
+    decode(decoder, args.batch)  # warm up
+    one, many, outputs = [], [], {}
+    runs = {"alone": (1, None), "batched": (args.batch, None)} | ({"paged": (args.batch, pool)} if pool else {})
+    times = {label: [] for label in runs}
     for _ in range(args.repeats):
         for _ in range(5):
             one.append(one_row_calls(model, caches[:1]))
             many.append(one_row_calls(model, caches))
-        for label, size, times in (("alone", 1, alone), ("batched", args.batch, batched)):
-            started = time.perf_counter()
-            results = decoder.generate_many(PROMPTS, seeds=seeds, max_batch=size)
-            times.append((time.perf_counter() - started, sum(len(r.output_ids) for r in results)))
-            outputs.setdefault(label, [r.output_ids for r in results])
+        for label, (size, paging) in runs.items():
+            wall, tokens, decoded = decode(decoder, size, paging)
+            times[label].append((wall, tokens))
+            outputs.setdefault(label, decoded)
     bound = args.batch * min(one) / min(many)
-    rate = {
-        label: max(tokens / wall for wall, tokens in times) for label, times in (("alone", alone), ("batched", batched))
-    }
+    rate = {label: max(tokens / wall for wall, tokens in runs) for label, runs in times.items()}
     achieved = rate["batched"] / rate["alone"]
     report = {
         "machine": {key: value for key, value in machine_description().items() if key in ("cpu", "cpu_count", "torch")},
@@ -135,7 +147,11 @@ def main() -> None:
         "tok_s_batched": round(rate["batched"], 1),
         "achieved": round(achieved, 2),
         "achieved_over_bound": round(achieved / bound, 2),
-        "same_outputs": sum(a == b for a, b in zip(outputs["alone"], outputs["batched"], strict=True)),
+        "paged_over_contiguous": round(rate["paged"] / rate["batched"], 3) if pool else None,
+        "same_outputs": {
+            label: sum(a == b for a, b in zip(outputs["alone"], decoded, strict=True))
+            for label, decoded in outputs.items()
+        },
         "requests": len(PROMPTS),
     }
     print(json.dumps(report, indent=2))

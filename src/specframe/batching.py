@@ -42,6 +42,8 @@ class Stepper(Protocol):
     model: ModelBackend
     #: Makes its cache (of ``capacity`` rows) at its first call; a batch with a block pool replaces it.
     new_cache: Callable[[int], KVCache]
+    #: Most prompt tokens per call (chunked prefill), ``None`` for whole prompts; a batch may set it.
+    prefill_chunk: int | None
 
     @property
     def capacity(self) -> int:
@@ -97,10 +99,16 @@ class Batch:
         pool: A :class:`~specframe.models.paged.BlockPool` the requests' KV caches are paged from (their blocks
             taken when a request's first call runs, given back when it leaves); ``None``: each request has a
             contiguous cache of its own. With a pool, admit a request only when :meth:`fits` says so.
+        prefill_chunk: Most prompt tokens one of a request's calls evaluates: a longer prompt is cached in
+            chunks first (chunked prefill), so that one long prompt does not stall every request's step; the
+            chunks' keys and values are bitwise one call's with specframe's kernels. ``None``: whole prompts.
     """
 
-    def __init__(self, pool: BlockPool | None = None) -> None:
-        self.pool = pool
+    def __init__(self, pool: BlockPool | None = None, *, prefill_chunk: int | None = None) -> None:
+        if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                          or prefill_chunk < 1):  # fmt: skip
+            raise ValueError(f"prefill_chunk must be an integer >= 1 or None, got {prefill_chunk!r}")
+        self.pool, self.prefill_chunk = pool, prefill_chunk
         self._requests: dict[Hashable, tuple[Stepper, list[int]]] = {}  # key -> (stepper, [output tokens reported])
         self._checks: dict[Hashable, Callable[[PhysicalCall], None]] = {}
 
@@ -122,6 +130,8 @@ class Batch:
             pending = self._pending_blocks()
             self.pool.require(stepper.capacity, taken=pending)  # raises what is wrong: never fits, or not now
             stepper.new_cache = self.pool.new_cache
+        if self.prefill_chunk is not None:
+            stepper.prefill_chunk = self.prefill_chunk
         self._requests[key] = (stepper, [0])
         if check is not None:
             self._checks[key] = check

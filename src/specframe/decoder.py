@@ -36,7 +36,7 @@ from specframe.metrics import Metrics
 from specframe.models.base import ModelBackend
 from specframe.models.cache import KVCache
 from specframe.orders.base import OrderPolicy
-from specframe.plan import CallPlan, PhysicalCall
+from specframe.plan import CallPlan, PhysicalCall, PrefillCall
 from specframe.schedules.base import Schedule
 from specframe.specs import as_integer
 from specframe.state import DecodeContext, DecodeState
@@ -470,6 +470,11 @@ class Stepper:
     def __init__(self, decoder: Decoder, state: DecodeState, schedule: Schedule) -> None:
         self.decoder, self.state, self.schedule = decoder, state, schedule
         self.model = decoder.model
+        #: Most prompt tokens one call evaluates: a longer prompt is cached in chunks of this many rows before
+        #: the schedule's first call (chunked prefill, so that a long prompt does not stall a batch's step);
+        #: ``None``: the whole prompt in the first call.
+        self.prefill_chunk: int | None = None
+        self._prefills = 0
         #: Makes the request's cache at its first call (the model's ``new_cache``; a batch with a block pool
         #: gives its pool's instead, see :class:`specframe.batching.Batch`).
         self.new_cache = decoder.model.new_cache
@@ -507,7 +512,12 @@ class Stepper:
         try:
             if self.cache is None:
                 self.cache = self.ledger.cache = self.new_cache(self.capacity)
-            if self.metrics.nfe >= self._budget:
+            chunk = self.prefill_chunk
+            if chunk is not None and state.first_call and len(state.pending) > chunk:
+                self._plan, self._call = None, PrefillCall.of(state.pending[:chunk], self.model.device)
+                self.metrics.wall_s += time.perf_counter() - started
+                return self._call
+            if self.metrics.nfe - self._prefills >= self._budget:
                 raise RuntimeError(f"schedule {schedule.name!r} made no progress after {self.metrics.nfe} calls")
             plan = schedule.plan(state)
             if not isinstance(plan, CallPlan):
@@ -542,6 +552,13 @@ class Stepper:
         metrics.nfe += 1
         metrics.rows_per_call.append(call.num_rows)
         metrics.batch_rows.append(call.num_rows if batch_rows is None else batch_rows)
+        if isinstance(call, PrefillCall):  # a chunk of the prompt: cached as it is, nothing to judge
+            metrics.choices.append(("prefill", 0))
+            metrics.prompt_calls.append(metrics.nfe)  # the prompt's call is the one after its chunks
+            self._prefills += 1
+            self.ledger.prefill(call.pairs)
+            metrics.wall_s += time.perf_counter() - started
+            return
         metrics.choices.append((schedule.label(), plan.width))
         try:
             # What the call cost, seen before its result changes the state (the width chooser's timing).

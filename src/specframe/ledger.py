@@ -101,6 +101,14 @@ class CacheLedger:
         self._publish()
         return kept
 
+    def prefill(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Commit the rows of a :class:`~specframe.plan.PrefillCall`: prompt tokens, cached as evaluated."""
+        positions = [p for p, _ in pairs]
+        if self.cache is not None:
+            self.cache.commit(list(range(len(positions))), positions)
+        self.cached.update(positions)
+        self._publish()
+
     def accept(self, pairs: Sequence[tuple[int, int]]) -> int:
         """Accept ``(position, token)`` pairs in order and apply the stopping rules.
 

@@ -43,9 +43,10 @@ class Metrics:
         wall_s: Decoder wall time in seconds.
         model_s: Seconds spent in model forwards.
         prompt_calls: Indices into ``rows_per_call`` of each generation's prompt call (``[0]`` for one
-            generation; one per generation after :meth:`merge`).
+            generation; one per generation after :meth:`merge`), and of its prefill chunks before it.
         choices: Per call, what planned it and at which width: ``(label, width)``, e.g. ``("packed/w4", 4)``
-            or ``("ar", 0)`` under ``width: "auto"``; the schedule's name and the decoder's W otherwise.
+            or ``("ar", 0)`` under ``width: "auto"``; the schedule's name and the decoder's W otherwise;
+            ``("prefill", 0)`` for a chunk of a long prompt cached ahead of the first call (chunked prefill).
         batch_rows: Per call, the rows of the forward that evaluated it: all requests' rows of a batched
             forward (:meth:`~specframe.decoder.Decoder.generate_many`), the call's own rows alone. A batched
             forward's whole time counts as each of its requests' model time.

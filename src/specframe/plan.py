@@ -141,6 +141,39 @@ class PhysicalCall(ModelCall):
         return int(self.input_ids.shape[0])
 
 
+@dataclass(frozen=True)
+class PrefillCall(ModelCall):
+    """A chunk of a long prompt evaluated ahead of the schedule's first call (chunked prefill).
+
+    Its rows are the next ``len(pairs)`` prompt tokens, causal among themselves after the cached ones; no
+    logits are read, and every row is committed (a prompt token's keys and values need no verdict). The
+    request's first planned call then carries only what is left of the prompt.
+
+    Attributes:
+        pairs: The ``(position, token)`` prompt pairs it evaluates, in order.
+    """
+
+    pairs: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        """Evaluated uncached rows."""
+        return int(self.input_ids.shape[0])
+
+    @classmethod
+    def of(cls, pairs: tuple[tuple[int, int], ...], device: torch.device) -> PrefillCall:
+        """The call evaluating ``pairs`` (consecutive prompt positions) on ``device``."""
+        rows = len(pairs)
+        return cls(
+            torch.tensor([t for _, t in pairs], dtype=torch.long, device=device),
+            torch.tensor([p for p, _ in pairs], dtype=torch.long, device=device),
+            torch.ones(rows, rows, dtype=torch.bool, device=device).tril(),
+            torch.zeros(0, dtype=torch.long, device=device),
+            checked=True,
+            pairs=pairs,
+        )
+
+
 class CallResult:
     """Model outputs of one call, in plan terms.
 

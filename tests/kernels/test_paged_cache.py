@@ -146,3 +146,40 @@ def test_a_request_no_pool_could_hold_is_refused_with_the_numbers(folders):
     pool = BlockPool.for_model(model, blocks=3, block_size=4)
     with pytest.raises(InputError, match=r"needing \d+ KV rows \(\d+ blocks of 4\) can never fit this pool of 3"):
         list(batching.run([decoder.stepper(prompt_ids=[1, 2, 3])], max_batch=1, pool=pool))
+
+
+@pytest.mark.parametrize("family", [NEMOTRON, SETDLM])
+@pytest.mark.parametrize(("dtype", "needs_kernels"), [("float32", True), ("bfloat16", True), ("float64", False)])
+@pytest.mark.parametrize("schedule", ["ar", "packed", "quadratic"])
+def test_a_prompt_prefilled_in_chunks_decodes_as_in_one_call(folders, family, dtype, needs_kernels, schedule):
+    """Chunked prefill (a Batch's prefill_chunk): the prompt is cached a few rows per call first, through a
+    paged cache too; the output and every verified logit are those of the whole prompt in one call."""
+    if needs_kernels and not kernels.available():
+        pytest.skip(f"no kernels: {kernels.unavailable_reason()}")
+    model = load_model(folders[family], dtype=dtype)
+    config = {"model": model, "schedule": schedule, "max_new_tokens": 8, "cost": {"tau": 0.01, "delta": 0.001}}
+    if schedule != "ar":
+        config["width"] = 3
+    decoder = compose(config)
+    prompts = [list(range(1, 12)), [5, 6, 7], list(range(20, 29))]
+    whole = [compose(config).generate(prompt_ids=p).output_ids for p in prompts]
+    pool = BlockPool.for_model(model, blocks=64, block_size=4)
+    for paging in (None, pool):
+        steppers = [decoder.stepper(prompt_ids=p) for p in prompts]
+        batch = batching.Batch(paging, prefill_chunk=4)
+        for index, stepper in enumerate(steppers):
+            batch.add(index, stepper)
+        while len(batch):
+            assert all(progress.error is None for progress in batch.step())
+        assert [s.result().output_ids for s in steppers] == whole
+        metrics = steppers[0].result().metrics
+        labels = [label for label, _ in metrics.choices]
+        assert labels[:2] == ["prefill", "prefill"] and "prefill" not in labels[2:]  # 4 + 4 rows, then the rest
+        assert metrics.rows_per_call[:2] == [4, 4] and metrics.prompt_calls == [0, 1, 2]
+        assert metrics.rows_per_call_max == max(metrics.rows_per_call[3:], default=0)  # prompt calls aside
+        assert steppers[1].result().metrics.choices[0][0] != "prefill"  # a short prompt: one call, as before
+
+
+def test_a_batch_refuses_a_prefill_chunk_below_one():
+    with pytest.raises(ValueError, match="prefill_chunk must be an integer >= 1 or None, got 0"):
+        batching.Batch(prefill_chunk=0)

@@ -179,6 +179,7 @@ def test_serve_pages_kv_caches_from_one_pool_when_given_kv_blocks():
     app = build_app("nemotron-stdlib-tiny", schedule="packed", width=4, threads=1, kv_blocks=12, kv_block_size=8)
     pool = app.state.api.engine.batch.pool
     assert pool.blocks == 12 and pool.block_size == 8 and pool.free_blocks == 12
-    assert build_app("nemotron-stdlib-tiny", schedule="packed", width=4, threads=1).state.api.engine.batch.pool is None
+    plain = build_app("nemotron-stdlib-tiny", schedule="packed", width=4, threads=1, prefill_chunk=32)
+    assert plain.state.api.engine.batch.pool is None and plain.state.api.engine.batch.prefill_chunk == 32
     with pytest.raises(ConfigError, match="kv_blocks must be an integer >= 1, got 0"):
         build_app("nemotron-stdlib-tiny", schedule="packed", width=4, threads=1, kv_blocks=0)

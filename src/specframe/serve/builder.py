@@ -93,6 +93,7 @@ def build_app(
     max_rows: int | None = None,
     kv_blocks: int | None = None,
     kv_block_size: int = 16,
+    prefill_chunk: int | None = None,
     exact_only: bool = False,
     read_timeout: float = 30.0,
     device: str | None = None,
@@ -123,6 +124,7 @@ def build_app(
         kv_blocks: Page every request's KV cache from one pool of this many blocks, allocated now; a request
             waits until its blocks are free (``None``: a contiguous cache per request).
         kv_block_size: Rows per KV block.
+        prefill_chunk: Most prompt tokens one model call evaluates (chunked prefill; ``None``: whole prompts).
         exact_only: Refuse requests (and defaults) whose decoding is not exact (the output not the AR model's).
         read_timeout: Seconds a client may take to send its request body (408 after).
         device: Device to load the model on.
@@ -157,6 +159,7 @@ def build_app(
         ("max_rows", max_rows),
         ("kv_blocks", kv_blocks),
         ("kv_block_size", kv_block_size),
+        ("prefill_chunk", prefill_chunk),
     ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
@@ -200,7 +203,10 @@ def build_app(
         max_queue=max_queue,
         metrics=ServerMetrics(),
         max_rows=max_rows,
-        batch=None if kv_blocks is None else Batch(BlockPool.for_model(backend, kv_blocks, kv_block_size)),
+        batch=Batch(
+            None if kv_blocks is None else BlockPool.for_model(backend, kv_blocks, kv_block_size),
+            prefill_chunk=prefill_chunk,
+        ),
     )
     defaults = Defaults(schedule=schedule, width=width, order=order)
 

@@ -80,6 +80,12 @@ def add_parser(sub: Any) -> None:
     )
     parser.add_argument("--kv-block-size", type=int, default=16, help="rows per KV block (default 16)")
     parser.add_argument(
+        "--prefill-chunk",
+        type=int,
+        help="most prompt tokens one model call evaluates: a longer prompt is cached in chunks of this many "
+        "first, so that it does not stall the other requests' steps (default: whole prompts)",
+    )
+    parser.add_argument(
         "--exact-only",
         action="store_true",
         help="refuse requests whose schedule is not exact (output not the AR model's), such as native",
@@ -124,7 +130,7 @@ def build_server(args: argparse.Namespace) -> tuple[Any, Any]:
     if api_key is not None and not api_key.strip():
         raise ConfigError("--api-key is empty; give a key, or leave the option out for no authentication")
     limits = ("max_active", "max_queue", "max_tokens", "max_prompt_tokens", "max_body_bytes", "max_width", "max_rows",
-              "kv_blocks", "kv_block_size")  # fmt: skip
+              "kv_blocks", "kv_block_size", "prefill_chunk")  # fmt: skip
     for name in limits:
         value = getattr(args, name)
         if value is not None and value < 1:

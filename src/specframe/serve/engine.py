@@ -402,7 +402,7 @@ def _rows_limit(max_rows: int, stepper: Stepper, width: int) -> Callable[[Physic
     """The check of each call of a request held to ``max_rows`` rows (its prompt call aside)."""
 
     def check(call: PhysicalCall) -> None:
-        if stepper.metrics.nfe and call.num_rows > max_rows:
+        if stepper.metrics.nfe and isinstance(call, PhysicalCall) and call.num_rows > max_rows:  # not a prompt's
             raise APIError(
                 400,
                 f"this request's schedule makes calls of {call.num_rows} rows at width {width}, over this server's "
