@@ -210,8 +210,9 @@ def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
 @pytest.mark.parametrize("schedule", ["ar", "native", *SPECULATIVE], ids=str)
 def test_update_returns_the_verdict_of_its_call(models, family, schedule, monkeypatch):
     """``Schedule.update`` returns its call's verdict (a guess for ``native``), which the ledger records once."""
-    # A fixed cost model: with the machine's own, "auto" may pick plain AR calls and accept no drafts.
-    config = {"model": models[family], "schedule": schedule, "max_new_tokens": 16, "cost": SYNTHETIC_COST}
+    # A fixed cost model under which rows are free: with another, "auto" may pick plain AR calls once the tiny
+    # model's drafts fail, and accept none.
+    config = {"model": models[family], "schedule": schedule, "max_new_tokens": 16, "cost": {"tau": 0.01, "delta": 0.0}}
     config["width"] = "auto" if schedule == "ar" else 4  # ar takes no width
     decoder = compose(config)
     update = type(decoder.schedule).update
