@@ -679,6 +679,22 @@ def test_requests_in_flight_together_learn_from_each_others_verifications():
     assert second.stats.prior[2] < 0.2
 
 
+def test_a_request_joining_a_batch_weighs_its_rows_from_its_first_choice():
+    """A request that joins requests in flight shares their forwards from its first call: its first choices
+    (and its probes, which must not run where no draft can pay) already see the batch's rows."""
+    template = auto_module.WidthPolicy([AR, *(Candidate("packed", w, "packed") for w in (2, 4))], _rows, size=9,
+                                       free_bonus=True)  # fmt: skip
+    template.bind(CostModel(0.0001, 0.001, source="given"), deterministic=False)
+    running = template.for_request()
+    running.choose(100)
+    running.observe_call(1, 0.01, 100, batch_rows=40)
+    assert template.for_request().batch_rows == 39
+    template.bind(CostModel(0.0001, 0.001, source="given"), deterministic=True)
+    running = template.for_request()
+    running.observe_call(1, 0.01, 100, batch_rows=40)
+    assert template.for_request().batch_rows is None  # a deterministic choice reads no batch
+
+
 def test_a_deterministic_policy_reads_no_timing_no_batch_and_forgets_between_requests():
     policy = _policy(ROWS_CHEAP)
     policy.bind(CostModel.from_mapping(ROWS_CHEAP), deterministic=True)

@@ -74,6 +74,7 @@ class Learning:
         verified: Verifications that checked a draft.
         ar_streak: Plain AR calls chosen in a row since the last drafting call (the next probe's clock).
         probe_after: Plain AR calls in a row after which drafting is probed again.
+        batch_rows: Other requests' rows in the last forward a request shared (``None``: it ran alone).
     """
 
     pooled: PooledCounts
@@ -84,6 +85,7 @@ class Learning:
     verified: int = 0
     ar_streak: int = 0
     probe_after: int = PROBE_AFTER
+    batch_rows: int | None = None
 
 
 class WidthPolicy:
@@ -150,7 +152,9 @@ class WidthPolicy:
         self.rates: dict[str, float] = dict(learning.rates)
         self.chosen: Candidate | None = learning.pick
         self.current: Candidate | None = None
-        self.batch_rows: int | None = None  # other requests' rows in the last shared forward
+        # Other requests' rows in the last shared forward: a new request starts from the last any request saw
+        # (it shares its first forwards with them), so that its first choices already weigh the batch.
+        self.batch_rows: int | None = learning.batch_rows
         self._probe, self._probe_left, self._judge_probe = AR, 0, False
         self._estimated = (-1, -1, 0, 0)  # (learned, timing revision, batch, context) at the last estimate
         self._estimates = 0
@@ -170,7 +174,7 @@ class WidthPolicy:
         if self.deterministic or self.cost is None:
             return
         shared = batch_rows is not None and batch_rows > rows
-        self.batch_rows = batch_rows - rows if shared else None
+        self.batch_rows = self.learning.batch_rows = batch_rows - rows if shared else None
         if self.times is not None and self.current is not None:
             label = None if shared else self.current.label  # a shared forward tells the load only
             self.times.observe(label, self.cost.model_seconds(batch_rows if shared else rows, context), seconds)
