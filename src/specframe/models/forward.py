@@ -348,6 +348,9 @@ def _attend(
     if isinstance(slots, slice):  # eager: consecutive rows, one copy each
         keys[index, slots] = k
         values[index, slots] = v
+    elif rows_map is not None:  # a paged cache (eager): the new rows into their pool rows
+        keys[index].index_copy_(0, slots, k)
+        values[index].index_copy_(0, slots, v)
     else:  # indexed on the cache itself: through a view of it, a graph would copy the whole cache every layer
         at = (torch.full_like(slots, index), slots)
         keys.index_put_(at, k)

@@ -381,8 +381,10 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
     row_map = rows->contiguous();
     TORCH_CHECK(row_map.dim() == 1 && row_map.size(0) == span && row_map.scalar_type() == at::kLong,
                 "specframe_kernels::attention: rows must be an int64 [span] row map, got ", row_map.sizes());
-    TORCH_CHECK(span == 0 || (row_map.min().item<int64_t>() >= 0 && row_map.max().item<int64_t>() < keys.size(0)),
-                "specframe_kernels::attention: rows point outside the ", keys.size(0), " rows of keys");
+    const int64_t* map = row_map.data_ptr<int64_t>();
+    for (int64_t j = 0; j < span; ++j)
+      TORCH_CHECK(map[j] >= 0 && map[j] < keys.size(0), "specframe_kernels::attention: rows point outside the ",
+                  keys.size(0), " rows of keys");
   }
   const int64_t* row_ptr = rows.has_value() ? row_map.data_ptr<int64_t>() : nullptr;
   TORCH_CHECK(keys.stride(2) == 1 && keys.stride(1) == D && values.stride(2) == 1 && values.stride(1) == D &&
