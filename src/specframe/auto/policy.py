@@ -69,22 +69,16 @@ class Learning:
         pooled: Acceptance by draft offset over the requests so far (the next request's prior).
         tokens: Realized over predicted tokens per candidate.
         times: Observed over predicted call seconds (``None`` where calls are not timed).
-        pick: The candidate chosen last (a new request starts from it).
-        rates: The latest throughput estimate of each candidate, by label.
+        rates: The latest throughput estimate of each candidate, by label (for reports; a request scans anew).
         verified: Verifications that checked a draft.
-        ar_streak: Plain AR calls chosen in a row since the last drafting call (the next probe's clock).
-        probe_after: Plain AR calls in a row after which drafting is probed again.
         batch_rows: Other requests' rows in the last forward a request shared (``None``: it ran alone).
     """
 
     pooled: PooledCounts
     tokens: CallTokens
     times: CallTimes | None
-    pick: Candidate | None = None
     rates: dict[str, float] = field(default_factory=dict)
     verified: int = 0
-    ar_streak: int = 0
-    probe_after: int = PROBE_AFTER
     batch_rows: int | None = None
 
 
@@ -149,8 +143,12 @@ class WidthPolicy:
         self.stats = AcceptanceStats(self.size, pooled=learning.pooled, report=report)
         self.tokens, self.times = learning.tokens, learning.times
         #: The latest throughput estimate (tokens per second) of each candidate, by label.
-        self.rates: dict[str, float] = dict(learning.rates)
-        self.chosen: Candidate | None = learning.pick
+        self.rates: dict[str, float] = {}
+        # A request's pick and probes are its own, from a full scan of what every request learned: carried
+        # over, a pick and a probe wait set by other text held a request for many calls (measured on
+        # SmolLM2: width auto planned 0.2 instead of 0.9 drafts per call, at 1.03 instead of 1.11 tokens).
+        self.chosen: Candidate | None = None
+        self._ar_streak, self._probe_after = 0, PROBE_AFTER
         self.current: Candidate | None = None
         # Other requests' rows in the last shared forward: a new request starts from the last any request saw
         # (it shares its first forwards with them), so that its first choices already weigh the batch.
@@ -210,12 +208,11 @@ class WidthPolicy:
 
     def _pick(self, context: int) -> Candidate:
         refreshed = self._since_refresh >= REFRESH_CALLS or self.chosen is None
-        learning = self.learning  # the probes' clock is shared: a request's AR calls count for the next one
         chosen = self._estimate(context)
         if self._judge_probe:  # the estimate right after a probe of drafting from AR calls
             self._judge_probe = False
             failed = chosen.kind == "ar"
-            learning.probe_after = min(2 * learning.probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
+            self._probe_after = min(2 * self._probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
         if refreshed and (self._estimates, chosen) != self._untried:
             trial = self._worth_trying(chosen)
             if trial is not None:
@@ -223,16 +220,16 @@ class WidthPolicy:
             if self.times is None or self.times.count(chosen.label):
                 self._untried = (self._estimates, chosen)
         if chosen.kind != "ar":
-            learning.ar_streak = 0
+            self._ar_streak = 0
             return chosen
-        learning.ar_streak += 1
-        if learning.ar_streak < learning.probe_after or not self.drafting:
+        self._ar_streak += 1
+        if self._ar_streak < self._probe_after or not self.drafting:
             return chosen
         if self.batch_rows and not self._drafting_can_pay(context):
             # In this batch no draft pays even if all of it is accepted: as a failed probe, look again later.
-            learning.ar_streak, learning.probe_after = 0, min(2 * learning.probe_after, PROBE_AFTER_MAX)
+            self._ar_streak, self._probe_after = 0, min(2 * self._probe_after, PROBE_AFTER_MAX)
             return chosen
-        learning.ar_streak, self._judge_probe = 0, True
+        self._ar_streak, self._judge_probe = 0, True
         # Probe conservatively: the narrowest drafting candidate of the best-rated schedule.
         top = max(self.drafting, key=lambda c: self.rates.get(c.label, 0.0))
         return self._start_probe(min((c for c in self.drafting if c.kind == top.kind), key=lambda c: c.width))
@@ -319,7 +316,7 @@ class WidthPolicy:
         if chosen.kind != "ar" and "ar" in rates and learned:
             if self._switch_gain(chosen, AR, low) > 1 + SWITCH_MARGIN:
                 chosen = AR
-        self.chosen = self.learning.pick = chosen
+        self.chosen = chosen
         self.rates.update(rates)
         self.learning.rates.update(rates)
         self._since_refresh = 0
