@@ -272,7 +272,9 @@ class Decoder:
     def _stream_many(self, steps: Iterator[batching.Progress]) -> Iterator[tuple[int, StreamPiece]]:
         pieces: dict[int, Pieces] = {}
         for progress in steps:
-            stream = pieces.setdefault(progress.key, Pieces(self))
+            stream = pieces.get(progress.key)
+            if stream is None:  # the request's first call
+                stream = pieces[progress.key] = Pieces(self)
             if progress.generation is not None:
                 yield progress.key, pieces.pop(progress.key).last(progress)
                 continue
@@ -499,8 +501,11 @@ class Stepper:
         width = min(state.ctx.width, state.max_new_tokens)  # a window never spans more positions than the output
         return len(state.prompt) + state.max_new_tokens + builder.max_rows(width, 0)
 
-    def prepare(self) -> PhysicalCall | None:
+    def prepare(self) -> PhysicalCall | PrefillCall | None:
         """Plan the request's next call and lay it out; ``None`` when the request is done.
+
+        A long prompt's first calls are :class:`~specframe.plan.PrefillCall` chunks when
+        :attr:`prefill_chunk` is set.
 
         Raises:
             PluginError: A plugin's plan is not a ``CallPlan``, or a plugin's code raised.
