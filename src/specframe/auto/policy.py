@@ -72,6 +72,9 @@ class Learning:
         rates: The latest throughput estimate of each candidate, by label (for reports; a request scans anew).
         verified: Verifications that checked a draft.
         batch_rows: Other requests' rows in the last forward a request shared (``None``: it ran alone).
+        ar_streak: Plain AR calls chosen in a row since the last drafting call, over the requests (the probes'
+            clock: many short requests still probe whether drafting pays again).
+        probe_after: Plain AR calls in a row after which drafting is probed again.
     """
 
     pooled: PooledCounts
@@ -80,6 +83,8 @@ class Learning:
     rates: dict[str, float] = field(default_factory=dict)
     verified: int = 0
     batch_rows: int | None = None
+    ar_streak: int = 0
+    probe_after: int = PROBE_AFTER
 
 
 class WidthPolicy:
@@ -144,11 +149,10 @@ class WidthPolicy:
         self.tokens, self.times = learning.tokens, learning.times
         #: The latest throughput estimate (tokens per second) of each candidate, by label.
         self.rates: dict[str, float] = {}
-        # A request's pick and probes are its own, from a full scan of what every request learned: carried
-        # over, a pick and a probe wait set by other text held a request for many calls (measured on
-        # SmolLM2: width auto planned 0.2 instead of 0.9 drafts per call, at 1.03 instead of 1.11 tokens).
+        # A request's pick is its own, from a full scan of what every request learned: carried over, a pick
+        # made on other text held requests at plain AR calls (measured on SmolLM2: width auto planned 0.4
+        # instead of 0.9 drafts per call). The probes' clock is shared (Learning.ar_streak).
         self.chosen: Candidate | None = None
-        self._ar_streak, self._probe_after = 0, PROBE_AFTER
         self.current: Candidate | None = None
         # Other requests' rows in the last shared forward: a new request starts from the last any request saw
         # (it shares its first forwards with them), so that its first choices already weigh the batch.
@@ -208,11 +212,12 @@ class WidthPolicy:
 
     def _pick(self, context: int) -> Candidate:
         refreshed = self._since_refresh >= REFRESH_CALLS or self.chosen is None
+        learning = self.learning
         chosen = self._estimate(context)
         if self._judge_probe:  # the estimate right after a probe of drafting from AR calls
             self._judge_probe = False
             failed = chosen.kind == "ar"
-            self._probe_after = min(2 * self._probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
+            learning.probe_after = min(2 * learning.probe_after, PROBE_AFTER_MAX) if failed else PROBE_AFTER
         if refreshed and (self._estimates, chosen) != self._untried:
             trial = self._worth_trying(chosen)
             if trial is not None:
@@ -220,16 +225,16 @@ class WidthPolicy:
             if self.times is None or self.times.count(chosen.label):
                 self._untried = (self._estimates, chosen)
         if chosen.kind != "ar":
-            self._ar_streak = 0
+            learning.ar_streak = 0
             return chosen
-        self._ar_streak += 1
-        if self._ar_streak < self._probe_after or not self.drafting:
+        learning.ar_streak += 1
+        if learning.ar_streak < learning.probe_after or not self.drafting:
             return chosen
         if self.batch_rows and not self._drafting_can_pay(context):
             # In this batch no draft pays even if all of it is accepted: as a failed probe, look again later.
-            self._ar_streak, self._probe_after = 0, min(2 * self._probe_after, PROBE_AFTER_MAX)
+            learning.ar_streak, learning.probe_after = 0, min(2 * learning.probe_after, PROBE_AFTER_MAX)
             return chosen
-        self._ar_streak, self._judge_probe = 0, True
+        learning.ar_streak, self._judge_probe = 0, True
         # Probe conservatively: the narrowest drafting candidate of the best-rated schedule.
         top = max(self.drafting, key=lambda c: self.rates.get(c.label, 0.0))
         return self._start_probe(min((c for c in self.drafting if c.kind == top.kind), key=lambda c: c.width))
