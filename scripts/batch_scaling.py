@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -28,15 +30,12 @@ from specframe.bench.output import machine_description
 from specframe.models.base import ModelCall
 from specframe.models.paged import BlockPool
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the scripts folder, for serve_load's prompts
+from serve_load import PROMPTS as SERVE_PROMPTS  # noqa: E402
+
+#: serve_load's code prompts, then 8 more (chat and code).
 PROMPTS = [
-    "def fibonacci(n):",
-    "import os\n\ndef list_files(path):",
-    "class Stack:\n    def __init__(self):",
-    "def is_prime(n):",
-    "# Return the sum of a list\ndef total(xs):",
-    "def read_json(path):",
-    "def reverse_words(text):",
-    "def flatten(nested):",
+    *SERVE_PROMPTS,
     "Write a haiku about the sea.",
     "Explain what a linked list is.",
     "def merge_sorted(a, b):",

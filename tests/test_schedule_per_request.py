@@ -51,8 +51,7 @@ def test_every_request_starts_from_the_template_schedule(model):
     assert [count for _, count in SEEN] == [*range(first.metrics.nfe), *range(second.metrics.nfe)]
 
 
-def test_interleaved_streams_keep_their_own_state(model):
-    decoder = compose({"model": model, "schedule": "counts-calls", "width": 3, "max_new_tokens": 8})
+def _two_interleaved_streams_count_their_own_calls(decoder):
     a, b = decoder.stream(prompt_ids=[4, 5]), decoder.stream(prompt_ids=[6, 7, 8])
     for _ in range(3):  # the two requests' calls alternate
         next(a), next(b)
@@ -62,6 +61,11 @@ def test_interleaved_streams_keep_their_own_state(model):
     for prompt in ((4, 5), (6, 7, 8)):
         counts = [count for seen, count in SEEN if seen == prompt]
         assert counts == list(range(len(counts))) and len(counts) >= 3
+
+
+def test_interleaved_streams_keep_their_own_state(model):
+    decoder = compose({"model": model, "schedule": "counts-calls", "width": 3, "max_new_tokens": 8})
+    _two_interleaved_streams_count_their_own_calls(decoder)
 
 
 def test_batched_and_stepped_requests_plan_with_their_own_copies(model):
@@ -102,14 +106,6 @@ def test_under_width_auto_the_chosen_schedule_is_copied_per_request_too(model):
     copies: interleaved streams each count their own calls from 0, and the template plans nothing."""
     config = {"model": model, "schedule": "counts-calls", "width": "auto", "max_new_tokens": 12}
     decoder = compose({**config, "cost": {"tau": 0.01, "delta": 0.0}})  # rows free: drafting calls
-    a, b = decoder.stream(prompt_ids=[4, 5]), decoder.stream(prompt_ids=[6, 7, 8])
-    for _ in range(3):
-        next(a), next(b)
-    for stream in (a, b):
-        for _ in stream:
-            pass
-    for prompt in ((4, 5), (6, 7, 8)):
-        counts = [count for seen, count in SEEN if seen == prompt]
-        assert counts == list(range(len(counts))) and len(counts) >= 3
+    _two_interleaved_streams_count_their_own_calls(decoder)
     assert all(count == 0 for seen, count in SEEN if seen not in ((4, 5), (6, 7, 8)))  # row counting: fresh copies
     assert decoder.schedule.schedules[0].calls == 0
