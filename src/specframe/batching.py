@@ -170,9 +170,9 @@ class Batch:
         Returns:
             One :class:`Progress` per request in the batch, in the order they were added.
         """
-        keys, out = list(self._requests), {}
+        requests, out = list(self._requests.items()), {}
         groups: dict[int, list[tuple[Hashable, Stepper, PhysicalCall]]] = {}
-        for key, (stepper, _) in list(self._requests.items()):
+        for key, (stepper, _) in requests:
             try:
                 call = stepper.prepare()
                 if call is not None and key in self._checks:
@@ -198,7 +198,7 @@ class Batch:
                     out[key] = self._failed(key, exc)
                     continue
                 out[key] = self._progress(key)
-        return [out[key] for key in keys]
+        return [out[key] for key, _ in requests]
 
     def _progress(self, key: Hashable) -> Progress:
         stepper, reported = self._requests[key]

@@ -64,6 +64,8 @@ class AcceptanceStats:
         self.size, self.weight, self.decay = size, weight, decay
         self._pooled = self.pooled_record(size) if pooled is None else pooled
         self._report = self._pooled if report is None else report
+        # Where each check is counted (never decayed): the pooled counts, and the report's when it is apart.
+        self._totals = (self._pooled,) if self._report is self._pooled else (self._pooled, self._report)
         self.start_request()
 
     @staticmethod
@@ -100,14 +102,13 @@ class AcceptanceStats:
             bucket = min(max(offset, 1), self.size)
             recent = self._recent[source]
             recent[1][bucket] += unit
-            totals = [self._pooled[source]] + ([self._report[source]] if self._report is not self._pooled else [])
-            for pooled in totals:
-                pooled[1][bucket] += 1.0
+            for counts in self._totals:
+                counts[source][1][bucket] += 1.0
             if rank >= accepted:
                 break
             recent[0][bucket] += unit
-            for pooled in totals:
-                pooled[0][bucket] += 1.0
+            for counts in self._totals:
+                counts[source][0][bucket] += 1.0
 
     def _recent_counts(self, source: str) -> tuple[list[float], list[float]]:
         return tuple([value * self._scale for value in column] for column in self._recent[source])
