@@ -282,3 +282,108 @@ def test_every_setting_is_documented_with_its_default():
     rows = {line.split("|")[1].strip(" `"): line for line in page.read_text().splitlines() if line.startswith("| `")}
     for setting in fields(DrafterConfig):
         assert setting.name in rows, f"drafter setting {setting.name} is not in the settings table of {page.name}"
+
+
+def objective_batch(converted, config):
+    model = load_model(converted, dtype="float32")
+    forward = TrainingForward(model.network)
+    tokens = model.tokenizer.encode(TEXTS[2])
+    windows = [(tokens, 3), (tokens[:12], 2)]
+    batch = block_batch(windows, config, model.mask_token_id, torch.Generator().manual_seed(3))
+    return model, forward, batch
+
+
+def test_the_teacher_logits_are_the_base_models_next_token_logits(converted):
+    from specframe_training.drafter import block_logits
+
+    config = DrafterConfig(**{**RUN, "bf16": False})
+    model, forward, batch = objective_batch(converted, config)
+    _, base = block_logits(forward, batch, autocast=False)
+    rows = batch.targets != -100
+    owners = torch.arange(2)[:, None].expand_as(rows)[rows]
+    for n, (b, position) in enumerate(zip(owners.tolist(), batch.query_positions[rows].tolist(), strict=True)):
+        prefix = batch.clean[b, :position][None]
+        with torch.no_grad():
+            causal = torch.ones(position, position, dtype=torch.bool).tril()[None]
+            expected = model.network.logits(forward.hidden(prefix, torch.arange(position)[None], causal)[:, -1])
+        torch.testing.assert_close(base[n], expected[0].float(), rtol=1e-4, atol=1e-4)
+
+
+def test_the_loss_weighs_offsets_and_mixes_the_teachers_distribution(converted):
+    from specframe_training.drafter import block_logits, drafting_loss
+
+    config = DrafterConfig(**{**RUN, "bf16": False})
+    _, forward, batch = objective_batch(converted, config)
+    logits, base = block_logits(forward, batch, autocast=False)
+    rows = batch.targets != -100
+    targets, near = batch.targets[rows], batch.offsets[rows] <= 1
+    assert near.any() and (~near).any()
+    ce = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+    teacher = base.log_softmax(-1)
+    kl = (teacher.exp() * (teacher - logits.log_softmax(-1))).sum(-1)
+    for near_weight, distill in ((1.0, 0.0), (0.35, 0.0), (0.0, 1.0), (0.35, 0.5)):
+        settings = DrafterConfig(**{**RUN, "near_weight": near_weight, "distill": distill})
+        weights = torch.where(near, torch.tensor(near_weight), torch.tensor(1.0))
+        expected = (((1 - distill) * ce + distill * kl) * weights).sum() / weights.sum()
+        torch.testing.assert_close(drafting_loss(logits, base, batch, settings), expected)
+    # the plain setting is the mean cross-entropy; a teacher equal to the student leaves only its entropy out
+    plain = DrafterConfig(**{**RUN, "near_weight": 1.0, "distill": 0.0})
+    torch.testing.assert_close(drafting_loss(logits, base, batch, plain), ce.mean())
+    pure_kl = DrafterConfig(**{**RUN, "near_weight": 1.0, "distill": 1.0})
+    assert float(drafting_loss(logits, logits, batch, pure_kl)) == pytest.approx(0.0, abs=1e-5)
+
+
+def test_a_run_stops_when_its_curve_flattens(tmp_path):
+    from specframe_training.drafter import flattened
+
+    log = tmp_path / "log.jsonl"
+
+    def write(means):
+        log.write_text("".join(json.dumps({"agreement": {"1": 0.9, "2": m, "3": m, "4": m}}) + "\n" for m in means))
+
+    write([0.1, 0.2, 0.3])
+    assert not flattened(log, 2) and not flattened(log, 0)
+    write([0.1, 0.3, 0.301, 0.302])
+    assert flattened(log, 2) and not flattened(log, 3)
+    write([0.1, 0.3, 0.301, 0.31])
+    assert not flattened(log, 2)
+    assert not flattened(tmp_path / "missing.jsonl", 2)
+
+
+def test_a_run_starts_from_a_saved_adapter(drafter_run, converted, tmp_path):
+    saved = drafter_run[0] / "adapter"
+    lines = []
+    config = DrafterConfig(**{**RUN, "steps": 1, "eval_every": 1, "alpha": 8.0, "init_from": str(saved)})
+    summary = train_drafter(converted, tmp_path / "warm", config, threads=1, log=lines.append)
+    # before its first step the warm run drafts as the saved adapter (bfloat16 on disk) did at the end of its run
+    cold = drafter_run[1]
+    assert abs(summary["first"]["loss"] - cold["last"]["loss"]) < 0.05 * (cold["first"]["loss"] - cold["last"]["loss"])
+    for bad, message in ((tmp_path, "adapter_config.json"), (saved.parent / "data.pt", "adapter")):
+        with pytest.raises(ConfigError, match=message):
+            train_drafter(
+                converted, tmp_path / f"bad-{bad.name}", DrafterConfig(**{**RUN, "init_from": str(bad)}), threads=1
+            )
+    rank = json.loads((saved / "adapter_config.json").read_text())["r"]
+    with pytest.raises(ConfigError, match=f"rank {rank}; give --set rank={rank}"):
+        train_drafter(converted, tmp_path / "rank", DrafterConfig(**{**RUN, "rank": 3, "init_from": str(saved)}))
+
+
+def test_a_folder_from_before_the_new_settings_resumes_with_what_it_trained_with(drafter_run, converted, tmp_path):
+    work = tmp_path / "old"
+    shutil.copytree(drafter_run[0], work)
+    stored = json.loads((work / "settings.json").read_text())
+    for key in ("near_weight", "distill", "init_from", "patience"):
+        stored.pop(key)
+    (work / "settings.json").write_text(json.dumps(stored))
+    old = {**RUN, "near_weight": 1.0, "distill": 0.0}
+    assert train_drafter(converted, work, DrafterConfig(**old), threads=1, log=lambda _: None)["steps"] == 40
+    with pytest.raises(ConfigError, match="distill"):
+        train_drafter(converted, work, DrafterConfig(**{**old, "distill": 0.5}), threads=1)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"), [("near_weight", 1.5), ("distill", -0.1), ("patience", -1), ("init_from", 3)]
+)
+def test_bad_objective_settings_are_refused(setting, value):
+    with pytest.raises(ConfigError, match=setting):
+        DrafterConfig(**{setting: value})

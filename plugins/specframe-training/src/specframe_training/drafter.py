@@ -44,8 +44,12 @@ from specframe.models.transformer import DecoderNetwork
 from specframe_training.forward import TrainingForward
 
 ADAPTER_FOLDER = "adapter"
-#: Settings a resumed run may change (how long it runs and how often it reports).
-_MAY_CHANGE = frozenset({"steps", "eval_every", "save_every"})
+#: Settings a resumed run may change (how long it runs, how often it reports, when it stops).
+_MAY_CHANGE = frozenset({"steps", "eval_every", "save_every", "patience"})
+#: What a run folder written before a setting existed trained with (its settings.json lacks the key).
+_BEFORE = {"near_weight": 1.0, "distill": 0.0, "init_from": None, "patience": 0}
+#: Offsets whose agreement decides when a run has flattened (what Packed-SS verifies).
+_WATCHED = ("2", "3", "4")
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,15 @@ class DrafterConfig:
         gen_batch: Prompts generated at once.
         seed: Seed of the prompt choice, initialisation and block sampling.
         bf16: Run matrix products in bfloat16 autocast (weights and optimizer stay float32).
+        near_weight: Loss weight of rows at offset 0 or 1 (offsets 2 and beyond weigh 1). Packed-SS drafts one
+            call ahead, so every draft it verifies sits at offset 2 or more; Linear-SS verifies offset 1 first.
+        distill: Share of the loss that is the KL divergence from the base model's distribution at the row's
+            position (the rest: cross-entropy against its greedy token), so a drafter learns the base model's
+            second choices, which decide near-ties, and not its argmax only.
+        init_from: An adapter folder (PEFT layout, ``o_proj``, the same rank) to start from, e.g. the drafter
+            shipped with a model; ``None``: a fresh adapter.
+        patience: Stop after this many evaluations without the mean agreement at offsets 2-4 rising by 0.003
+            over its best (0: run all ``steps``).
     """
 
     prompts: int = 640
@@ -92,6 +105,10 @@ class DrafterConfig:
     gen_batch: int = 32
     seed: int = 0
     bf16: bool = True
+    near_weight: float = 0.35
+    distill: float = 0.5
+    init_from: str | None = None
+    patience: int = 0
 
     def __post_init__(self) -> None:
         if self.alpha is None and isinstance(self.rank, int):
@@ -122,8 +139,14 @@ class DrafterConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ConfigError(f"drafter setting {name} must be a number > 0, got {value!r}")
-        if not 0 <= self.seedless_prob <= 1:
-            raise ConfigError(f"seedless_prob must be in [0, 1], got {self.seedless_prob}")
+        for name in ("seedless_prob", "near_weight", "distill"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ConfigError(f"drafter setting {name} must be a number in [0, 1], got {value!r}")
+        if self.patience < 0:
+            raise ConfigError(f"drafter setting patience must be >= 0, got {self.patience}")
+        if self.init_from is not None and not isinstance(self.init_from, str):
+            raise ConfigError(f"drafter setting init_from must be an adapter folder path, got {self.init_from!r}")
 
 
 # -- self-distilled data ------------------------------------------------------------------------------------
@@ -245,13 +268,21 @@ def block_batch(
     )
 
 
-def block_logits(forward: TrainingForward, batch: BlockBatch, autocast: bool) -> torch.Tensor:
-    """Logits ``[N, vocab]`` of the masked block rows (those with a target), the adapter on block rows."""
+def block_logits(forward: TrainingForward, batch: BlockBatch, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drafter and base logits of the masked block rows.
+
+    Returns:
+        ``[N, vocab]`` logits of the rows with a target (the adapter on block rows), and the base model's
+        logits for the same positions (from the clean rows before them, without gradients).
+    """
+    rows = batch.targets != -100
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         capture: list[tuple[torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
             positions = torch.arange(batch.clean.shape[1]).expand_as(batch.clean)
-            forward.hidden(batch.clean, positions, batch.clean_mask, capture=capture)
+            clean = forward.hidden(batch.clean, positions, batch.clean_mask, capture=capture)
+            owner = torch.arange(batch.clean.shape[0])[:, None].expand_as(rows)[rows]
+            base = forward.network.logits(clean[owner, batch.query_positions[rows] - 1]).float()
         hidden = forward.hidden(
             batch.query,
             batch.query_positions,
@@ -259,7 +290,24 @@ def block_logits(forward: TrainingForward, batch: BlockBatch, autocast: bool) ->
             adapter_rows=torch.ones_like(batch.query, dtype=torch.bool),
             prefix=[(k.detach(), v.detach()) for k, v in capture],
         )
-        return forward.network.logits(hidden[batch.targets != -100]).float()
+        return forward.network.logits(hidden[rows]).float(), base
+
+
+def drafting_loss(logits: torch.Tensor, base: torch.Tensor, batch: BlockBatch, config: DrafterConfig) -> torch.Tensor:
+    """The training loss of the masked rows.
+
+    Cross-entropy against the base model's greedy token mixed with the KL divergence from its distribution
+    (``config.distill``); rows at offset <= 1 weigh ``config.near_weight``, the rest 1.
+    """
+    rows = batch.targets != -100
+    loss = F.cross_entropy(logits, batch.targets[rows], reduction="none") * (1 - config.distill)
+    if config.distill > 0:
+        teacher = F.log_softmax(base, dim=-1)
+        kl = (teacher.exp() * (teacher - F.log_softmax(logits, dim=-1))).sum(-1)
+        loss = loss + config.distill * kl
+    near = batch.offsets[rows] <= 1
+    weights = torch.where(near, torch.full_like(loss, config.near_weight), torch.ones_like(loss))
+    return (loss * weights).sum() / weights.sum().clamp(min=1e-6)
 
 
 # -- the adapter --------------------------------------------------------------------------------------------
@@ -302,6 +350,56 @@ def write_adapter(network: DecoderNetwork, folder: Path, config: DrafterConfig, 
     (folder / "adapter_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
+def start_from_adapter(network: DecoderNetwork, folder: Path, config: DrafterConfig) -> None:
+    """Copy the ``o_proj`` LoRA saved in ``folder`` (PEFT layout) into the network's fresh trainable adapters.
+
+    Raises:
+        ConfigError: If the folder holds no adapter that fits this model with ``config.rank``.
+    """
+    from specframe.errors import CheckpointError
+    from specframe.models.lora import attach_lora
+
+    fresh = [layer.self_attn.o_lora for layer in network.body.layers]
+    try:
+        attach_lora(network, folder, module_prefix="encoder", device=torch.device("cpu"), dtype=torch.float32)
+    except CheckpointError as exc:
+        raise ConfigError(f"init_from={str(folder)!r}: {exc}") from exc
+    finally:
+        saved = [layer.self_attn.o_lora for layer in network.body.layers]
+        for layer, update in zip(network.body.layers, fresh, strict=True):
+            layer.self_attn.o_lora = update
+    for update, old in zip(fresh, saved, strict=True):
+        if old is update:
+            raise ConfigError(f"init_from={str(folder)!r} has no adapter for every layer of this model")
+        if old.lora_A.shape != update.lora_A.shape:
+            raise ConfigError(
+                f"init_from={str(folder)!r} has rank {old.lora_A.shape[0]}; give --set rank={old.lora_A.shape[0]} "
+                "to start from it"
+            )
+        with torch.no_grad():  # the same update (its scale) B A, whatever this run's alpha: B carries the ratio
+            update.lora_A.copy_(old.lora_A)
+            update.lora_B.copy_(old.lora_B * (old.scale / update.scale))
+
+
+def flattened(log_path: Path, patience: int) -> bool:
+    """Whether a run's agreement curve has flattened.
+
+    True when the last ``patience`` evaluations in ``log_path`` left the best mean agreement at offsets 2-4
+    (what Packed-SS verifies) without a rise of 0.003; ``patience`` 0: never.
+    """
+    if patience < 1 or not log_path.is_file():
+        return False
+    means = []
+    for line in log_path.read_text(encoding="utf-8").splitlines():
+        agreement = json.loads(line)["agreement"] if line else {}
+        watched = [agreement[k] for k in _WATCHED if k in agreement]
+        if watched:
+            means.append(sum(watched) / len(watched))
+    if len(means) <= patience:
+        return False
+    return max(means[-patience:]) < max(means[:-patience]) + 0.003
+
+
 # -- evaluation ---------------------------------------------------------------------------------------------
 @torch.no_grad()
 def offset_agreement(
@@ -314,7 +412,7 @@ def offset_agreement(
     loss_sum, rows_seen = 0.0, 0
     for start in range(0, len(windows), config.batch_size):
         batch = block_batch(windows[start : start + config.batch_size], config, mask_id, generator)
-        logits = block_logits(forward, batch, config.bf16)
+        logits, _ = block_logits(forward, batch, config.bf16)
         rows = batch.targets != -100
         targets, offsets = batch.targets[rows], batch.offsets[rows]
         loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
@@ -352,7 +450,7 @@ def train_drafter(
     settings = {"model": str(model_folder.resolve()), **asdict(config)}
     if settings_path.is_file():
         earlier = json.loads(settings_path.read_text(encoding="utf-8"))
-        changed = sorted(k for k in settings if k not in _MAY_CHANGE and earlier.get(k) != settings[k])
+        changed = sorted(k for k in settings if k not in _MAY_CHANGE and earlier.get(k, _BEFORE.get(k)) != settings[k])
         if changed:
             stored = ", ".join(f"{k}={json.dumps(earlier.get(k))}" for k in changed)
             given = ", ".join(f"{k}={json.dumps(settings[k])}" for k in changed)
@@ -374,6 +472,8 @@ def train_drafter(
     train_windows, held_out = data["train"], data["held_out"]
     generator = torch.Generator().manual_seed(config.seed)
     trainable = attach_trainable_lora(network, config.rank, config.alpha, generator)
+    if config.init_from is not None:
+        start_from_adapter(network, Path(config.init_from), config)
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=0.0)
     step, wall = 0, 0.0
     state_path = work / "state.pt"
@@ -391,13 +491,13 @@ def train_drafter(
         _record(log_file, {"step": 0, **offset_agreement(forward, held_out, config, mask_id)}, log)
     order = torch.randperm(len(train_windows), generator=generator).tolist()
     started = time.perf_counter() - wall
-    while step < config.steps:
+    while step < config.steps and not flattened(work / "log.jsonl", config.patience):
         chosen = [train_windows[order[(step * config.batch_size + i) % len(order)]] for i in range(config.batch_size)]
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(config, step)
         batch = block_batch(chosen, config, mask_id, generator)
-        logits = block_logits(forward, batch, config.bf16)
-        loss = F.cross_entropy(logits, batch.targets[batch.targets != -100])
+        logits, base = block_logits(forward, batch, config.bf16)
+        loss = drafting_loss(logits, base, batch, config)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -427,6 +527,8 @@ def train_drafter(
             }
             torch.save(state, work / "state.pt.tmp")
             (work / "state.pt.tmp").replace(state_path)
+    if step < config.steps:
+        log(f"stopped at step {step}: agreement at offsets 2-4 flat for {config.patience} evaluations")
     log_file.close()
     write_adapter(network, work / ADAPTER_FOLDER, config, str(model_folder))
     final = [json.loads(line) for line in (work / "log.jsonl").read_text(encoding="utf-8").splitlines() if line]

@@ -92,7 +92,7 @@ def settings_help(config: type) -> str:
     """The ``--help`` epilog: every setting ``--set`` takes, with its default (``null``: derived, see the docs)."""
     head = (
         "settings (--set FIELD=VALUE, a JSON value; the docs page 'Bring your own model' explains each; alpha null "
-        "means 2 * rank; a resumed run takes only steps, eval_every and save_every anew):"
+        "means 2 * rank; a resumed run takes only steps, eval_every, save_every and patience anew):"
     )
     defaults = ", ".join(f"{f.name}={json.dumps(f.default)}" for f in fields(config))
     return textwrap.fill(head, 79) + "\n" + textwrap.fill(defaults, 79, initial_indent="  ", subsequent_indent="  ")
