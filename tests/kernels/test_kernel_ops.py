@@ -47,6 +47,15 @@ def _linear(x: torch.Tensor, data: torch.Tensor, fmt: str, out: int) -> torch.Te
     return torch.ops.specframe_kernels.linear(x, data, kernels.format_of(fmt).code, out)
 
 
+def _layouts(data: torch.Tensor, fmt: str) -> list[tuple[torch.Tensor, int]]:
+    """``(weight, operator code)`` of every layout the variant in use runs: GGUF's, and interleaved where it can."""
+    code = kernels.format_of(fmt).code
+    out = [(data, code)]
+    if kernels.format_of(fmt).quantized and kernels.group_rows():
+        out.append((kernels.repack(data, fmt, kernels.group_rows()), code + kernels.PACKED_OFFSET))
+    return out
+
+
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
 def test_quantize_writes_llama_cpp_blocks_byte_for_byte_and_dequantize_reads_them(fmt):
     weight = torch.randn(37, 96, generator=torch.Generator().manual_seed(3))
@@ -87,11 +96,12 @@ def test_every_row_is_bitwise_what_it_is_alone_in_every_variant(fmt, rows, out, 
     try:
         for name in kernels.variants():
             kernels.select_variant(name)
-            together = _linear(x, data, fmt, out)
-            for start in range(rows):
-                for count in {1, rows - start}:
-                    alone = _linear(x[start : start + count], data, fmt, out)
-                    assert torch.equal(alone, together[start : start + count]), (name, start, count)
+            for weight, code in _layouts(data, fmt):
+                together = torch.ops.specframe_kernels.linear(x, weight, code, out)
+                for start in range(rows):
+                    for count in {1, rows - start}:
+                        alone = torch.ops.specframe_kernels.linear(x[start : start + count], weight, code, out)
+                        assert torch.equal(alone, together[start : start + count]), (name, code, start, count)
     finally:
         kernels.select_variant(best)
 
@@ -101,21 +111,27 @@ def test_linear_is_close_to_float64_arithmetic(variant, fmt):
     data, weight = _weights(fmt, 45, 160, seed=5)
     x = torch.randn(6, 160, generator=torch.Generator().manual_seed(6))
     x = x.bfloat16() if fmt == "bf16" else x
-    got = _linear(x, data, fmt, 45).double()
     expected = F.linear(x.double(), weight.double())
     if kernels.format_of(fmt).quantized:  # activations are quantized to 8 bits per block of 32
         tolerance = 0.03 * expected.abs().max().item()
     else:
         tolerance = (1e-5 if fmt == "f32" else 1e-2) * expected.abs().max().item()
-    torch.testing.assert_close(got, expected, rtol=0, atol=tolerance)
+    layouts = _layouts(data, fmt)
+    first = torch.ops.specframe_kernels.linear(x, *layouts[0], 45)
+    for weight, code in layouts:
+        got = torch.ops.specframe_kernels.linear(x, weight, code, 45)
+        torch.testing.assert_close(got.double(), expected, rtol=0, atol=tolerance)
+        # the layouts hold the same codes and scales: they differ only in the float order of the blocks' sums
+        torch.testing.assert_close(got, first, rtol=0, atol=1e-5 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_attention_matches_sdpa_and_each_row_is_bitwise_what_it_is_alone(variant, dtype):
+@pytest.mark.parametrize(("dim", "span"), [(40, 33), (128, 70)])  # a tail off the vector width; many vectors
+def test_attention_matches_sdpa_and_each_row_is_bitwise_what_it_is_alone(variant, dtype, dim, span):
     generator = torch.Generator().manual_seed(7)
-    rows, heads, kv_heads, dim, span = 9, 6, 2, 40, 33
+    rows, heads, kv_heads = 9, 6, 2
     q = torch.randn(rows, heads, dim, generator=generator).to(dtype)
-    cache = torch.randn(2, 50, kv_heads, dim, generator=generator).to(dtype)
+    cache = torch.randn(2, span + 17, kv_heads, dim, generator=generator).to(dtype)
     visible = torch.rand(rows, span, generator=generator) < 0.6
     visible[:, 0] = True
     scale = dim**-0.5
@@ -147,3 +163,42 @@ def test_attention_skips_hidden_keys_exactly():
         q, keys[[0, 3, 7]], values[[0, 3, 7]], torch.ones(1, 3, dtype=torch.bool), 0.25
     )
     assert torch.equal(spread, packed)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("group", [8, 16])
+def test_repack_moves_every_byte_once_and_pads_with_zeros(fmt, group):
+    blocks, _ = _weights(fmt, 21, 96, seed=2)
+    packed = kernels.repack(blocks, fmt, group)
+    groups = -(-21 // group)
+    assert packed.shape == (groups, 3 * group * kernels.format_of(fmt).block_bytes)
+    padding = groups * group * 3 * kernels.format_of(fmt).block_bytes - blocks.numel()
+    assert torch.equal(packed.flatten().sort().values[padding:], blocks.flatten().sort().values)
+    assert int((packed == 0).sum()) >= padding
+    # row 5's scale of block 1 (its first two bytes) sits in group 0, block 1's scales, slot 5
+    codes = 32 if fmt == "q8_0" else 16
+    block = group * kernels.format_of(fmt).block_bytes
+    scales = packed[0, block + group * codes : block + group * codes + 2 * group]
+    assert torch.equal(scales[10:12], blocks[5, kernels.format_of(fmt).block_bytes :][:2])
+    with pytest.raises(ValueError, match="multiple of 4"):
+        kernels.repack(blocks, fmt, 6)
+
+
+def test_interleaved_weights_of_another_variant_are_refused_with_what_to_do():
+    grouped = [name for name in kernels.variants() if name != "portable"]
+    if not grouped:
+        pytest.skip("this CPU runs no SIMD variant")
+    best = kernels.variant()
+    blocks, _ = _weights("q4_1", 16, 64, seed=1)
+    code = kernels.format_of("q4_1").code + kernels.PACKED_OFFSET
+    try:
+        kernels.select_variant(grouped[0])
+        wrong = kernels.repack(blocks, "q4_1", 4 * kernels.group_rows())
+        with pytest.raises(RuntimeError, match="load the model again after select_variant"):
+            torch.ops.specframe_kernels.linear(torch.randn(1, 64), wrong, code, 16)
+        kernels.select_variant("portable")
+        assert kernels.group_rows() == 0
+        with pytest.raises(RuntimeError, match="cannot run on the 'portable' kernels"):
+            torch.ops.specframe_kernels.linear(torch.randn(1, 64), kernels.repack(blocks, "q4_1", 8), code, 16)
+    finally:
+        kernels.select_variant(best)

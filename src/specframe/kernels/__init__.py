@@ -36,7 +36,7 @@ __all__ = [
     "format_of",
     "quantize",
     "repack",
-    "runs_repacked",
+    "group_rows",
     "unavailable_reason",
     "variant",
     "variants",
@@ -97,14 +97,15 @@ def variants() -> list[str]:
     return [] if module is None else list(module.variants())
 
 
-def runs_repacked() -> bool:
-    """Whether the variant in use runs block formats repacked for it (:func:`~specframe.kernels.quant.repack`).
+def group_rows() -> int:
+    """Weight rows per group of the block formats the variant in use interleaves (0: it runs GGUF's layout).
 
-    Models loaded while it does keep their quantized matrices repacked (AVX-512: about twice as fast per row);
-    elsewhere the matrices run in GGUF's layout.
+    Models loaded while it is nonzero keep their quantized matrices interleaved in groups of that many rows
+    (:func:`~specframe.kernels.quant.repack`: 16 with AVX-512, 8 with AVX2), so that one integer dot-product
+    step serves that many outputs; the portable path runs GGUF's layout.
     """
     module = load()
-    return module is not None and bool(module.packs())
+    return 0 if module is None else int(module.group_rows())
 
 
 def select_variant(name: str) -> None:

@@ -129,38 +129,40 @@ def dequantize(blocks: torch.Tensor, name: str) -> torch.Tensor:
 
 
 PACKED_OFFSET = 8
-"""A repacked block format's operator code is its block format's code plus this (see :func:`repack`)."""
+"""An interleaved block format's operator code is its block format's code plus this (see :func:`repack`)."""
 
 
-def repack(blocks: torch.Tensor, name: str) -> torch.Tensor:
-    """GGUF-layout blocks of format ``name`` rearranged for the AVX-512 kernels (the same bytes, moved).
+def repack(blocks: torch.Tensor, name: str, group: int) -> torch.Tensor:
+    """GGUF-layout blocks of format ``name`` interleaved for the SIMD kernels (the same bytes, moved).
 
-    Rows go in groups of 4 and blocks in pairs; each group is one run of memory holding, for each pair: the 4
-    rows' codes (4-bit: the pair's two 16-byte code runs; Q8_0: the two blocks' first halves, then their second
-    halves), the 8 float16 scales (row-major, then block) and, for Q4_1, the 8 float16 minima alike. Missing
-    rows and a lone last block are zeros. Nothing is rounded: :func:`dequantize` of the input and the kernel's
-    use of the output see the same codes and scales.
+    Rows go in groups of ``group`` (the kernel's vector lanes: 16 with AVX-512, 8 with AVX2). Each group is one
+    run of memory holding, block after block: the group's codes in chunks of ``4 * group`` bytes (bytes
+    ``4r .. 4r + 3`` of a chunk are row ``r``'s code bytes ``4c .. 4c + 3``: 4 chunks for the 4-bit formats,
+    whose bytes keep both nibbles, 8 for Q8_0), then the ``group`` float16 scales and, for Q4_1, the ``group``
+    float16 minima. Missing rows are zeros. Nothing is rounded: :func:`dequantize` of the input and the
+    kernel's use of the output see the same codes and scales.
 
     Returns:
-        ``uint8 [ceil(out / 4), ceil(blocks / 2) * pair bytes]``.
+        ``uint8 [ceil(out / group), blocks * group * block bytes]``.
+
+    Raises:
+        ValueError: For a dense format or a group size that is not a positive multiple of 4.
     """
     fmt = format_of(name)
     if not fmt.quantized:
         raise ValueError(f"{name} is not a block format")
+    if group < 4 or group % 4:
+        raise ValueError(f"rows are interleaved in groups of a positive multiple of 4, got {group}")
     rows, length = blocks.shape
     count = length // fmt.block_bytes
-    groups, pairs = -(-rows // 4), -(-count // 2)
-    padded = torch.zeros(groups * 4, pairs * 2, fmt.block_bytes, dtype=torch.uint8)
-    padded[:rows, :count] = blocks.reshape(rows, count, fmt.block_bytes)
-    b = padded.view(groups, 4, pairs, 2, fmt.block_bytes).permute(0, 2, 1, 3, 4)  # [group, pair, row, block, byte]
-    parts = []
-    if name == "q8_0":
-        halves = b[..., 2:34].reshape(groups, pairs, 4, 2, 2, 16).transpose(3, 4)  # [.., row, half, block, 16]
-        parts.append(halves.reshape(groups, pairs, 4 * 64))
-    else:
-        start = 4 if name == "q4_1" else 2
-        parts.append(b[..., start : start + 16].reshape(groups, pairs, 4 * 32))
-    parts.append(b[..., 0:2].reshape(groups, pairs, 16))
+    groups = -(-rows // group)
+    padded = torch.zeros(groups * group, count, fmt.block_bytes, dtype=torch.uint8)
+    padded[:rows] = blocks.reshape(rows, count, fmt.block_bytes)
+    b = padded.view(groups, group, count, fmt.block_bytes).permute(0, 2, 1, 3)  # [group, block, row, byte]
+    start = 4 if name == "q4_1" else 2
+    codes = b[..., start:]
+    chunks = codes.reshape(groups, count, group, codes.shape[-1] // 4, 4).permute(0, 1, 3, 2, 4)
+    parts = [chunks.reshape(groups, count, -1), b[..., 0:2].reshape(groups, count, 2 * group)]
     if name == "q4_1":
-        parts.append(b[..., 2:4].reshape(groups, pairs, 16))
+        parts.append(b[..., 2:4].reshape(groups, count, 2 * group))
     return torch.cat(parts, dim=-1).reshape(groups, -1).contiguous()

@@ -149,8 +149,8 @@ def invariant_applies(device: torch.device, dtype: torch.dtype, tuned: bool = Tr
 class InvariantLinear(Linear):
     """A projection by specframe's row-invariant, weight-stationary kernel (:mod:`specframe.kernels`).
 
-    Block formats run repacked for the CPU's kernels where those take it (:func:`specframe.kernels.repack`,
-    the same codes and scales rearranged once here), else in GGUF's layout.
+    Block formats run interleaved for the CPU's SIMD kernels (:func:`specframe.kernels.repack`, the same
+    codes and scales rearranged once here), else (the portable path) in GGUF's layout.
 
     Args:
         weight: The float ``[out, in]`` matrix (what training, export and the reference path read).
@@ -165,8 +165,9 @@ class InvariantLinear(Linear):
         self.format = fmt
         self.code = kernels.format_of(fmt).code
         self.out_features = weight.shape[0]
-        if kernels.format_of(fmt).quantized and kernels.runs_repacked():
-            data, self.code = kernels.repack(data, fmt), self.code + kernels.PACKED_OFFSET
+        group = kernels.group_rows() if kernels.format_of(fmt).quantized else 0
+        if group:
+            data, self.code = kernels.repack(data, fmt, group), self.code + kernels.PACKED_OFFSET
         self.data = data.contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -24,11 +24,8 @@ namespace {
 constexpr int FORMAT_F32 = 0, FORMAT_BF16 = 1, FORMAT_Q8_0 = 2, FORMAT_Q4_0 = 3, FORMAT_Q4_1 = 4;
 constexpr int64_t BLOCK_BYTES[] = {0, 0, 34, 18, 20};
 constexpr int64_t MAX_HEAD_DIM = 512;
-// Repacked formats (see simd.inc): the block format's code plus PACKED; bytes per pair of blocks of 4 rows.
-constexpr int PACKED = 8;
-constexpr int64_t packed_pair_bytes(int format) {
-  return format == FORMAT_Q8_0 ? 4 * 64 + 16 : (format == FORMAT_Q4_0 ? 4 * 32 + 16 : 4 * 32 + 32);
-}  // attention keeps a head's output in registers/stack of this size
+// Interleaved formats (see simd.inc): the block format's code plus PACKED, in groups of the variant's lanes.
+constexpr int PACKED = 8;  // attention keeps a head's output in registers/stack of MAX_HEAD_DIM
 
 inline float scalar(float v) { return v; }
 inline float scalar(uint16_t bits) {  // bfloat16 bits to float32 (exact)
@@ -113,7 +110,7 @@ void quant_linear(int format, const int8_t* qx, const float* dx, const float* ds
 }
 
 template <typename T>
-void attend(const float* q, int64_t H, int64_t D, const T* keys, const T* values, int64_t key_stride,
+void attend(const float* q, int64_t /*R*/, int64_t H, int64_t D, const T* keys, const T* values, int64_t key_stride,
             const int64_t* rows, int64_t kv_heads, const bool* visible, int64_t span, float softmax_scale, float* out,
             int64_t task0, int64_t task1) {
   const int64_t group = H / kv_heads;
@@ -232,30 +229,30 @@ struct Variant {
   void (*quantize_rows)(const float*, int64_t, int64_t, int8_t*, float*, float*);
   void (*quant_linear)(int, const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, int64_t,
                        int64_t, float*, int64_t, int64_t);
-  void (*packed_linear)(int, const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, int64_t,
-                        float*, int64_t, int64_t);
-  bool packs;
+  void (*grouped_linear)(int, const int8_t*, const float*, const float*, int64_t, int64_t, const uint8_t*, int64_t,
+                         float*, int64_t, int64_t);
+  int64_t group_rows;  // weight rows per group of the interleaved formats (0: the variant has none)
   void (*silu_mul_rows)(const float*, int64_t, int64_t, float*);
-  void (*attend_f32)(const float*, int64_t, int64_t, const float*, const float*, int64_t, const int64_t*, int64_t,
+  void (*attend_f32)(const float*, int64_t, int64_t, int64_t, const float*, const float*, int64_t, const int64_t*, int64_t,
                      const bool*, int64_t, float, float*, int64_t, int64_t);
-  void (*attend_bf16)(const float*, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, const int64_t*,
+  void (*attend_bf16)(const float*, int64_t, int64_t, int64_t, const uint16_t*, const uint16_t*, int64_t, const int64_t*,
                       int64_t, const bool*, int64_t, float, float*, int64_t, int64_t);
 };
 
-#define SF_VARIANT(ns, label, wide)                                                                                \
+#define SF_VARIANT(ns, label)                                                                                \
   Variant {                                                                                                          \
-    label, ns::dense_f32, ns::dense_bf16, ns::quantize_rows, ns::quant_linear, ns::packed_linear, wide,             \
+    label, ns::dense_f32, ns::dense_bf16, ns::quantize_rows, ns::quant_linear, ns::grouped_linear, ns::LANES,      \
         ns::silu_mul_rows, ns::attend_f32, ns::attend_bf16                                                         \
   }
 
 const Variant VARIANTS[] = {
     {"portable", portable::dense<float>, portable::dense<uint16_t>, portable::quantize_rows, portable::quant_linear,
-     avx2::packed_linear, false, portable::silu_mul_rows, portable::attend<float>, portable::attend<uint16_t>},
-    SF_VARIANT(avx2, "avx2", false),
-    SF_VARIANT(avxvnni, "avx2+avxvnni", false),
-    SF_VARIANT(avx512, "avx512", true),
-    SF_VARIANT(avx512vnni, "avx512+vnni", true),
-    SF_VARIANT(avx512bf16, "avx512+vnni+bf16", true),
+     nullptr, 0, portable::silu_mul_rows, portable::attend<float>, portable::attend<uint16_t>},
+    SF_VARIANT(avx2, "avx2"),
+    SF_VARIANT(avxvnni, "avx2+avxvnni"),
+    SF_VARIANT(avx512, "avx512"),
+    SF_VARIANT(avx512vnni, "avx512+vnni"),
+    SF_VARIANT(avx512bf16, "avx512+vnni+bf16"),
 };
 
 // The variants this CPU (and its OS, which must save the wide registers) can run, best last.
@@ -317,32 +314,22 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
     });
   } else if (format > FORMAT_Q4_1) {
     const int block = (int)format - PACKED;
-    TORCH_CHECK(v.packs, "specframe_kernels::linear: weights repacked for AVX-512 cannot run on the '", v.name,
+    const int64_t G = v.group_rows;
+    TORCH_CHECK(G > 0, "specframe_kernels::linear: weights interleaved for SIMD kernels cannot run on the '", v.name,
                 "' kernels; load the model again after select_variant");
-    TORCH_CHECK(K % 32 == 0 && weight.scalar_type() == at::kByte, "specframe_kernels::linear: repacked weights "
+    TORCH_CHECK(K % 32 == 0 && weight.scalar_type() == at::kByte, "specframe_kernels::linear: interleaved weights "
                 "need in_features % 32 == 0 and uint8 data");
-    const int64_t blocks = K / 32, pairs = (blocks + 1) / 2, groups = (N + 3) / 4;
-    TORCH_CHECK(weight.size(0) == groups && weight.size(1) == pairs * packed_pair_bytes(block),
-                "specframe_kernels::linear: repacked weight is ", weight.sizes(), ", expected [", groups, ", ",
-                pairs * packed_pair_bytes(block), "] for ", N, "x", K);
+    const int64_t blocks = K / 32, groups = (N + G - 1) / G;
+    TORCH_CHECK(weight.size(0) == groups && weight.size(1) == blocks * G * BLOCK_BYTES[block],
+                "specframe_kernels::linear: interleaved weight is ", weight.sizes(), ", expected [", groups, ", ",
+                blocks * G * BLOCK_BYTES[block], "] for ", N, "x", K, " in groups of ", G, " rows (the '", v.name,
+                "' kernels); load the model again after select_variant");
     std::vector<int8_t> qx(M * K);
     std::vector<float> dx(M * blocks), sx(M * blocks);
     v.quantize_rows(xp, M, K, qx.data(), dx.data(), sx.data());
-    // the activations in the repacked order: per pair of blocks x0[0:16] x1[0:16] x0[16:32] x1[16:32], the
-    // scales as 16 lanes (d0 x4, d1 x4, d0 x4, d1 x4), d x sums as (d0 s0, d1 s1); a lone last block pairs with zeros
-    std::vector<int8_t> qp(M * pairs * 64, 0);
-    std::vector<float> d16(M * pairs * 16, 0.0f), s2(M * pairs * 2, 0.0f);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t p = b / 2, t = b % 2, at = (m * pairs + p);
-        std::memcpy(&qp[at * 64 + 16 * t], &qx[m * K + b * 32], 16);
-        std::memcpy(&qp[at * 64 + 32 + 16 * t], &qx[m * K + b * 32 + 16], 16);
-        for (int lane = 0; lane < 4; ++lane) d16[at * 16 + 4 * t + lane] = d16[at * 16 + 8 + 4 * t + lane] = dx[m * blocks + b];
-        s2[at * 2 + t] = sx[m * blocks + b];
-      }
     const uint8_t* wp = weight.data_ptr<uint8_t>();
-    at::parallel_for(0, groups, grain(4 * M * K / 4), [&](int64_t g0, int64_t g1) {
-      v.packed_linear(block, qp.data(), d16.data(), s2.data(), M, pairs, wp, N, op, g0, g1);
+    at::parallel_for(0, groups, grain(G * M * K / 4), [&](int64_t g0, int64_t g1) {
+      v.grouped_linear(block, qx.data(), dx.data(), sx.data(), M, K, wp, N, op, g0, g1);
     });
   } else {
     TORCH_CHECK(K % 32 == 0, "specframe_kernels::linear: block-quantized weights need in_features % 32 == 0, got ", K);
@@ -400,11 +387,11 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   const float scale = (float)softmax_scale;
   at::parallel_for(0, R * H, grain(span * D * 2), [&](int64_t t0, int64_t t1) {
     if (keys.scalar_type() == at::kFloat)
-      v.attend_f32(qf.data_ptr<float>(), H, D, keys.data_ptr<float>(), values.data_ptr<float>(), keys.stride(0),
+      v.attend_f32(qf.data_ptr<float>(), R, H, D, keys.data_ptr<float>(), values.data_ptr<float>(), keys.stride(0),
                    row_ptr, KV,
                    seen.data_ptr<bool>(), span, scale, out.data_ptr<float>(), t0, t1);
     else
-      v.attend_bf16(qf.data_ptr<float>(), H, D, reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>()),
+      v.attend_bf16(qf.data_ptr<float>(), R, H, D, reinterpret_cast<const uint16_t*>(keys.data_ptr<at::BFloat16>()),
                     reinterpret_cast<const uint16_t*>(values.data_ptr<at::BFloat16>()), keys.stride(0), row_ptr, KV,
                     seen.data_ptr<bool>(), span, scale, out.data_ptr<float>(), t0, t1);
   });
@@ -496,7 +483,7 @@ std::vector<std::string> variant_names() {
 
 std::string current_variant() { return variant().name; }
 
-bool variant_packs() { return variant().packs; }
+int64_t variant_group_rows() { return variant().group_rows; }
 
 void select_variant(const std::string& name) {
   for (int index : supported())
@@ -529,5 +516,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
   module.def("variants", &variant_names, "The kernel variants this CPU can run, best last.");
   module.def("variant", &current_variant, "The variant in use.");
   module.def("select_variant", &select_variant, "Use another variant this CPU can run (tests compare them).");
-  module.def("packs", &variant_packs, "Whether the variant in use runs repacked block formats (AVX-512).");
+  module.def("group_rows", &variant_group_rows,
+             "Weight rows per group of the interleaved block formats the variant in use runs (0: none).");
 }
