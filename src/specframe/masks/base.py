@@ -178,6 +178,11 @@ class RowTable:
             verify_rows=verify_index,
             draft_rows=tuple(draft_index),
             commit_rows=commit_rows,
-            adapter_rows=torch.tensor(self.adapter, dtype=torch.bool, device=device) if use_adapter else None,
+            # no adapter rows at all (an AR or verify-only call): None, so the model skips the adapter entirely
+            adapter_rows=(
+                torch.tensor(self.adapter, dtype=torch.bool, device=device)
+                if use_adapter and any(self.adapter)
+                else None
+            ),
             row_slices=(slice(0, len(verify_rows)), tuple(draft_slices)),
         )
