@@ -843,6 +843,31 @@ def test_a_slow_warm_up_such_as_a_compile_does_not_use_up_the_calibration_budget
     assert len(calls) == 2 + pairs + 3 * pairs  # prefills, warm-up, then all three rounds
 
 
+def test_calibration_times_wide_calls_with_their_drafting_rows_on_the_adapter(monkeypatch):
+    # A speculative call runs the drafter's adapter on its drafting rows and an AR call runs none, so a table
+    # timed without the adapter would price every wide call too low (by about 0.8 ms of 5 on SmolLM2 q4_1).
+    from specframe.models import load_model
+
+    model = load_model("nemotron-stdlib-tiny")
+    model.has_adapter = True  # what calibration reads; the calls it makes are what this test checks
+    seen = []
+    forward = model.forward
+
+    def spy(cache, call):
+        adapter = call.adapter_rows
+        seen.append((int(call.input_ids.shape[0]), None if adapter is None else tuple(adapter.tolist())))
+        return forward(cache, call)
+
+    monkeypatch.setattr(model, "forward", spy)
+    costs_module.calibrate(model, budget_s=0.05, limit_s=0.2, min_rounds=1, max_rounds=1, rows=(1, 3))
+    timed = {pair for pair in seen if pair[0] in (1, 3)}  # (prefills are longer)
+    assert timed == {(1, None), (3, (False, True, True))}
+    model.has_adapter = False  # without an adapter no call marks any row
+    seen.clear()
+    costs_module.calibrate(model, budget_s=0.05, limit_s=0.2, min_rounds=1, max_rounds=1, rows=(1, 3))
+    assert {pair for pair in seen if pair[0] in (1, 3)} == {(1, None), (3, None)}
+
+
 def test_calibrate_command_prints_the_model_and_reuses_its_cache(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECFRAME_CACHE_DIR", str(tmp_path))
     _as_cached(monkeypatch)

@@ -44,7 +44,7 @@ LONG_CONTEXT = 320
 #: A warm-up (one call of every timed pair) longer than this is not counted in the time budget (a compile).
 WARMUP_S = 1.0
 #: Bump when the calibration procedure changes, so that old cache files are not reused.
-VERSION = 3
+VERSION = 4  # 4: calls of several rows are timed with their drafting rows on the adapter
 #: A cached table is measured again when a 10-row call over a 1-row call is off from the table's ratio by
 #: more than this factor either way, twice (a uniform slowdown is the observed load's to absorb).
 STALE_SHAPE = 1.25
@@ -242,12 +242,21 @@ def save(cost: CostModel) -> Path | None:
     return path
 
 
-def _forward(model: ModelBackend, cache: Any, ids: torch.Tensor, start: int, output: torch.Tensor) -> None:
-    """One causal forward of ``ids`` at positions ``start...`` (the one place this module calls the model)."""
+def _forward(
+    model: ModelBackend, cache: Any, ids: torch.Tensor, start: int, output: torch.Tensor, drafting: bool = False
+) -> None:
+    """One causal forward of ``ids`` at positions ``start...`` (the one place this module calls the model).
+
+    ``drafting``: a timed call of several rows marks all but its first as drafting rows where the model has an
+    adapter, as a speculative call does (a one-row call is an AR call, which runs no adapter).
+    """
     rows = ids.shape[0]
     positions = torch.arange(start, start + rows, device=model.device)
     attention = torch.ones(rows, rows, dtype=torch.bool, device=model.device).tril()
-    model.forward(cache, ModelCall(ids, positions, attention, output))
+    adapter = None
+    if drafting and rows > 1 and getattr(model, "has_adapter", False):
+        adapter = torch.arange(rows, device=model.device) > 0
+    model.forward(cache, ModelCall(ids, positions, attention, output, adapter_rows=adapter))
 
 
 def _prefilled(model: ModelBackend, context: int, ids: torch.Tensor, room: int) -> Any:
@@ -262,7 +271,7 @@ def _timed(model: ModelBackend, cache: Any, ids: torch.Tensor, start: int) -> fl
     output = torch.arange(ids.shape[0], device=model.device)
     _sync(model)
     began = time.perf_counter()
-    _forward(model, cache, ids, start, output)
+    _forward(model, cache, ids, start, output, drafting=True)
     _sync(model)
     return time.perf_counter() - began
 
