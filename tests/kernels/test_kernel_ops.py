@@ -202,3 +202,26 @@ def test_interleaved_weights_of_another_variant_are_refused_with_what_to_do():
             torch.ops.specframe_kernels.linear(torch.randn(1, 64), kernels.repack(blocks, "q4_1", 8), code, 16)
     finally:
         kernels.select_variant(best)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adapt_changes_marked_rows_only_each_alone(variant, dtype):
+    generator = torch.Generator().manual_seed(9)
+    rows, inner, rank, out = 7, 96, 8, 40
+    x = torch.randn(rows, inner, generator=generator).to(dtype)
+    projected = torch.randn(rows, out, generator=generator).to(dtype)
+    a = (torch.randn(rank, inner, generator=generator) / 10).to(dtype)
+    b = (torch.randn(out, rank, generator=generator) / 10).to(dtype)
+    marked = torch.tensor([False, True, True, False, True, False, True])
+    got = torch.ops.specframe_kernels.adapt(projected, x, a, b, 2.0, marked)
+    assert got.dtype == dtype and torch.equal(got[~marked], projected[~marked])
+    expected = projected.double() + 2.0 * (x.double() @ a.double().T @ b.double().T)
+    tolerance = 1e-5 if dtype == torch.float32 else 5e-2
+    torch.testing.assert_close(got[marked].double(), expected[marked], rtol=tolerance, atol=tolerance)
+    for r in range(rows):  # a marked row's update does not depend on the other rows of the call
+        alone = torch.ops.specframe_kernels.adapt(projected[r : r + 1], x[r : r + 1], a, b, 2.0, marked[r : r + 1])
+        assert torch.equal(alone, got[r : r + 1])
+    none = torch.zeros(rows, dtype=torch.bool)
+    assert torch.equal(torch.ops.specframe_kernels.adapt(projected, x, a, b, 2.0, none), projected)
+    with pytest.raises(RuntimeError, match="shapes do not fit"):
+        torch.ops.specframe_kernels.adapt(projected, x, b, a, 2.0, marked)

@@ -55,6 +55,7 @@ def available() -> bool:
     torch.library.register_fake("specframe_kernels::rms_norm")(_norm_shape)
     torch.library.register_fake("specframe_kernels::silu_mul")(_silu_mul_shape)
     torch.library.register_fake("specframe_kernels::rope")(_rope_shape)
+    torch.library.register_fake("specframe_kernels::adapt")(_adapt_shape)
     return True
 
 
@@ -83,6 +84,12 @@ def _silu_mul_shape(gate_up: torch.Tensor) -> torch.Tensor:
 
 def _rope_shape(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
+
+
+def _adapt_shape(
+    projected: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float, rows: torch.Tensor
+) -> torch.Tensor:
+    return torch.empty_like(projected)
 
 
 def variant() -> str | None:

@@ -399,6 +399,55 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   return q.scalar_type() == at::kFloat ? out : out.to(q.scalar_type());
 }
 
+// A proposal-only adapter on a projection: rows marked in `rows` get projected + scale * (x A^T) B^T, the
+// others are returned as they are (bit for bit). The two small products run through the dense kernel (each
+// row alone), all in one call: an adapter used to cost five small operator calls per layer.
+at::Tensor adapt(const at::Tensor& projected, const at::Tensor& x, const at::Tensor& a, const at::Tensor& b,
+                 double scale, const at::Tensor& rows) {
+  TORCH_CHECK(projected.dim() == 2 && x.dim() == 2 && a.dim() == 2 && b.dim() == 2 && rows.dim() == 1,
+              "specframe_kernels::adapt: projected [rows, out], x [rows, in], a [rank, in], b [out, rank] and "
+              "rows [rows] expected");
+  const int64_t R = x.size(0), K = x.size(1), rank = a.size(0), N = b.size(0);
+  TORCH_CHECK(projected.size(0) == R && projected.size(1) == N && a.size(1) == K && b.size(1) == rank &&
+                  rows.size(0) == R && rows.scalar_type() == at::kBool,
+              "specframe_kernels::adapt: shapes do not fit: projected ", projected.sizes(), ", x ", x.sizes(), ", a ",
+              a.sizes(), ", b ", b.sizes(), ", rows ", rows.sizes());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type() && (a.scalar_type() == at::kFloat || a.scalar_type() == at::kBFloat16),
+              "specframe_kernels::adapt: a and b must both be float32 or both bfloat16");
+  TORCH_CHECK(projected.scalar_type() == at::kFloat || projected.scalar_type() == at::kBFloat16,
+              "specframe_kernels::adapt: projected must be float32 or bfloat16");
+  at::Tensor out = projected.contiguous().clone();
+  const at::Tensor marked = rows.contiguous();
+  std::vector<int64_t> picked;
+  for (int64_t r = 0; r < R; ++r)
+    if (marked.data_ptr<bool>()[r]) picked.push_back(r);
+  if (picked.empty()) return out;
+  const int64_t M = (int64_t)picked.size();
+  const at::Tensor index = at::from_blob(picked.data(), {M}, at::kLong).clone();
+  const int64_t format = a.scalar_type() == at::kFloat ? FORMAT_F32 : FORMAT_BF16;
+  const at::Tensor inner = linear(x.index_select(0, index).to(at::kFloat).contiguous(), a.contiguous(), format, rank);
+  const at::Tensor update = linear(inner, b.contiguous(), format, N);  // float32 [M, N]
+  const float* u = update.data_ptr<float>();
+  const float s = (float)scale;
+  for (int64_t i = 0; i < M; ++i) {
+    const int64_t r = picked[i];
+    if (out.scalar_type() == at::kFloat) {
+      float* o = out.data_ptr<float>() + r * N;
+      for (int64_t n = 0; n < N; ++n) {
+        const float scaled = u[i * N + n] * s;
+        o[n] = o[n] + scaled;
+      }
+    } else {
+      at::BFloat16* o = out.data_ptr<at::BFloat16>() + r * N;
+      for (int64_t n = 0; n < N; ++n) {
+        const float scaled = u[i * N + n] * s;
+        o[n] = at::BFloat16(float(o[n]) + scaled);
+      }
+    }
+  }
+  return out;
+}
+
 // RMSNorm of each row alone: the sum of squares in index order (float32), then weight * (x / rms); bfloat16
 // rows are rounded as torch rounds them (the normalised row, then its product with the weight).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -502,6 +551,7 @@ TORCH_LIBRARY(specframe_kernels, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("adapt(Tensor projected, Tensor x, Tensor a, Tensor b, float scale, Tensor rows) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specframe_kernels, CPU, m) {
@@ -510,6 +560,7 @@ TORCH_LIBRARY_IMPL(specframe_kernels, CPU, m) {
   m.impl("rms_norm", &rms_norm);
   m.impl("silu_mul", &silu_mul);
   m.impl("rope", &rope);
+  m.impl("adapt", &adapt);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
