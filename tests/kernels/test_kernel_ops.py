@@ -151,16 +151,22 @@ def test_attention_matches_sdpa_and_each_row_is_bitwise_what_it_is_alone(variant
         assert torch.equal(alone, out[r : r + 1])
 
 
-def test_attention_skips_hidden_keys_exactly():
-    """A hidden key contributes nothing: the same visible keys with hidden ones between give the same bits."""
+@pytest.mark.parametrize("dim", [16, 40, 64])
+def test_attention_skips_hidden_keys_exactly(variant, dim):
+    """A hidden key contributes nothing: the same visible keys with hidden ones between give the same bits.
+
+    Packed together the visible keys fill whole groups of four (the kernel's fast path); spread out with
+    hidden keys between, the same keys fall in partly hidden groups (its key-by-key path).
+    """
     generator = torch.Generator().manual_seed(8)
-    q = torch.randn(1, 2, 16, generator=generator)
-    keys, values = torch.randn(2, 12, 1, 16, generator=generator)
-    visible = torch.zeros(1, 12, dtype=torch.bool)
-    visible[0, [0, 3, 7]] = True
+    q = torch.randn(3, 4, dim, generator=generator)
+    keys, values = torch.randn(2, 60, 2, dim, generator=generator)
+    chosen = [0, 1, 2, 3, 4, 5, 6, 7, 9, 12, 13, 14, 15, 16, 18, 21, 22, 23, 24, 25, 26, 27, 30, 33, 34, 41, 47, 52]
+    visible = torch.zeros(3, 60, dtype=torch.bool)
+    visible[:, chosen] = True
     spread = torch.ops.specframe_kernels.attention(q, keys, values, visible, 0.25)
     packed = torch.ops.specframe_kernels.attention(
-        q, keys[[0, 3, 7]], values[[0, 3, 7]], torch.ones(1, 3, dtype=torch.bool), 0.25
+        q, keys[chosen], values[chosen], torch.ones(3, len(chosen), dtype=torch.bool), 0.25
     )
     assert torch.equal(spread, packed)
 
