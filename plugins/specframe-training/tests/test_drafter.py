@@ -387,3 +387,27 @@ def test_a_folder_from_before_the_new_settings_resumes_with_what_it_trained_with
 def test_bad_objective_settings_are_refused(setting, value):
     with pytest.raises(ConfigError, match=setting):
         DrafterConfig(**{setting: value})
+
+
+def test_the_device_flag_names_what_is_wrong(monkeypatch):
+    from specframe_training.drafter_cli import training_device
+
+    assert training_device("cpu") == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert training_device(None) == torch.device("cpu")  # no GPU: the CPU, said nowhere as an error
+    with pytest.raises(ConfigError, match="no CUDA GPU.*use --device cpu"):
+        training_device("cuda")
+    with pytest.raises(ConfigError, match="is not a device"):
+        training_device("gpu0")
+    with pytest.raises(ConfigError, match="runs on cpu or cuda"):
+        training_device("meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert training_device(None) == torch.device("cuda")  # a GPU present is used by default
+    with pytest.raises(ConfigError, match="has 1 GPU"):
+        training_device("cuda:3")
+
+
+def test_a_run_keeps_its_state_on_the_cpu_so_it_resumes_on_any_device(drafter_run):
+    state = torch.load(drafter_run[0] / "state.pt", weights_only=False)
+    assert all(t.device.type == "cpu" for t in state["adapter"])

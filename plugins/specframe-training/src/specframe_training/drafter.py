@@ -160,30 +160,33 @@ def batched_greedy(
     keys and values captured so far.
     """
     size, longest = len(prompts), max(len(p) for p in prompts)
+    device = forward.device
     ids = torch.zeros(size, longest, dtype=torch.long)
     valid = torch.zeros(size, longest, dtype=torch.bool)
     for b, prompt in enumerate(prompts):
         ids[b, longest - len(prompt) :] = torch.tensor(prompt)
         valid[b, longest - len(prompt) :] = True
+    ids, valid = ids.to(device), valid.to(device)
     positions = (valid.cumsum(1) - 1).clamp(min=0)
-    eye = torch.eye(longest, dtype=torch.bool)
-    mask = (torch.ones(longest, longest, dtype=torch.bool).tril() & valid[:, None, :]) | eye
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    eye = torch.eye(longest, dtype=torch.bool, device=device)
+    mask = (torch.ones(longest, longest, dtype=torch.bool, device=device).tril() & valid[:, None, :]) | eye
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
         capture: list[tuple[torch.Tensor, torch.Tensor]] = []
         hidden = forward.hidden(ids, positions, mask, capture=capture)
         following = forward.network.logits(hidden[:, -1]).float().argmax(-1)
         prefix, seen = capture, valid
-        lengths = torch.tensor([len(p) for p in prompts])
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
         outputs = [[] for _ in prompts]
-        done = torch.zeros(size, dtype=torch.bool)
+        done = [False] * size
         for step in range(new_tokens):
+            tokens = following.tolist()  # one host read per step
             for b in range(size):
                 if not done[b]:
-                    outputs[b].append(int(following[b]))
-                    done[b] = int(following[b]) in eos
-            if bool(done.all()) or step == new_tokens - 1:
+                    outputs[b].append(tokens[b])
+                    done[b] = tokens[b] in eos
+            if all(done) or step == new_tokens - 1:
                 break
-            seen = torch.cat([seen, torch.ones(size, 1, dtype=torch.bool)], dim=1)
+            seen = torch.cat([seen, torch.ones(size, 1, dtype=torch.bool, device=device)], dim=1)
             capture = []
             hidden = forward.hidden(
                 following[:, None], (lengths + step)[:, None], seen[:, None, :], prefix=prefix, capture=capture
@@ -215,6 +218,10 @@ class BlockBatch:
     query_mask: torch.Tensor
     targets: torch.Tensor
     offsets: torch.Tensor
+
+    def to(self, device: torch.device) -> BlockBatch:
+        """The same batch on ``device``."""
+        return BlockBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
 def block_batch(
@@ -275,13 +282,14 @@ def block_logits(forward: TrainingForward, batch: BlockBatch, autocast: bool) ->
         ``[N, vocab]`` logits of the rows with a target (the adapter on block rows), and the base model's
         logits for the same positions (from the clean rows before them, without gradients).
     """
+    batch = batch.to(forward.device)
     rows = batch.targets != -100
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(forward.device.type, dtype=torch.bfloat16, enabled=autocast):
         capture: list[tuple[torch.Tensor, torch.Tensor]] = []
         with torch.no_grad():
-            positions = torch.arange(batch.clean.shape[1]).expand_as(batch.clean)
+            positions = torch.arange(batch.clean.shape[1], device=forward.device).expand_as(batch.clean)
             clean = forward.hidden(batch.clean, positions, batch.clean_mask, capture=capture)
-            owner = torch.arange(batch.clean.shape[0])[:, None].expand_as(rows)[rows]
+            owner = torch.arange(batch.clean.shape[0], device=forward.device)[:, None].expand_as(rows)[rows]
             base = forward.network.logits(clean[owner, batch.query_positions[rows] - 1]).float()
         hidden = forward.hidden(
             batch.query,
@@ -299,6 +307,7 @@ def drafting_loss(logits: torch.Tensor, base: torch.Tensor, batch: BlockBatch, c
     Cross-entropy against the base model's greedy token mixed with the KL divergence from its distribution
     (``config.distill``); rows at offset <= 1 weigh ``config.near_weight``, the rest 1.
     """
+    batch = batch.to(logits.device)
     rows = batch.targets != -100
     loss = F.cross_entropy(logits, batch.targets[rows], reduction="none") * (1 - config.distill)
     if config.distill > 0:
@@ -321,8 +330,8 @@ def attach_trainable_lora(network: DecoderNetwork, rank: int, alpha: float, gene
         update = LowRankUpdate(attn.o_proj.in_features, attn.o_proj.out_features, rank, alpha / rank)
         bound = 1 / math.sqrt(attn.o_proj.in_features)
         with torch.no_grad():
-            update.lora_A.uniform_(-bound, bound, generator=generator)
-        attn.o_lora = update
+            update.lora_A.uniform_(-bound, bound, generator=generator)  # drawn on the CPU: the same on any device
+        attn.o_lora = update.to(attn.o_proj.weight.device)
         trainable += [update.lora_A, update.lora_B]
     return trainable
 
@@ -334,8 +343,8 @@ def write_adapter(network: DecoderNetwork, folder: Path, config: DrafterConfig, 
     for index, layer in enumerate(network.body.layers):
         update = layer.self_attn.o_lora
         stem = f"base_model.model.encoder.layers.{index}.self_attn.o_proj"
-        tensors[f"{stem}.lora_A.weight"] = update.lora_A.detach().to(torch.bfloat16).contiguous()
-        tensors[f"{stem}.lora_B.weight"] = update.lora_B.detach().to(torch.bfloat16).contiguous()
+        tensors[f"{stem}.lora_A.weight"] = update.lora_A.detach().cpu().to(torch.bfloat16).contiguous()
+        tensors[f"{stem}.lora_B.weight"] = update.lora_B.detach().cpu().to(torch.bfloat16).contiguous()
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     settings = {
         "peft_type": "LORA",
@@ -361,7 +370,7 @@ def start_from_adapter(network: DecoderNetwork, folder: Path, config: DrafterCon
 
     fresh = [layer.self_attn.o_lora for layer in network.body.layers]
     try:
-        attach_lora(network, folder, module_prefix="encoder", device=torch.device("cpu"), dtype=torch.float32)
+        attach_lora(network, folder, module_prefix="encoder", device=fresh[0].lora_A.device, dtype=torch.float32)
     except CheckpointError as exc:
         raise ConfigError(f"init_from={str(folder)!r}: {exc}") from exc
     finally:
@@ -414,10 +423,10 @@ def offset_agreement(
         batch = block_batch(windows[start : start + config.batch_size], config, mask_id, generator)
         logits, _ = block_logits(forward, batch, config.bf16)
         rows = batch.targets != -100
-        targets, offsets = batch.targets[rows], batch.offsets[rows]
+        targets, offsets = batch.targets[rows].to(logits.device), batch.offsets[rows]
         loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
         rows_seen += int(targets.numel())
-        right = (logits.argmax(-1) == targets).float()
+        right = (logits.argmax(-1) == targets).float().cpu()
         hits.index_add_(0, offsets, right)
         counts.index_add_(0, offsets, torch.ones_like(right))
     agreement = {str(k): round(float(hits[k] / counts[k]), 4) for k in range(1, config.max_width + 1) if counts[k]}
@@ -431,9 +440,13 @@ def train_drafter(
     config: DrafterConfig,
     *,
     threads: int = 2,
+    device: str | torch.device = "cpu",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Train (or resume) a drafter for the converted model in ``model_folder``; the adapter lands in ``work``.
+
+    ``device`` runs the base model, the data generation and the training there (``"cuda"`` where a GPU is
+    present); block sampling and the run's state stay on the CPU, so a run resumes on either.
 
     Returns:
         The run's summary (also written to ``work/summary.json``).
@@ -462,7 +475,7 @@ def train_drafter(
                 "--work-dir"
             )
     settings_path.write_text(json.dumps(settings, indent=2), encoding="utf-8")
-    model = load_model(model_folder, dtype="float32")
+    model = load_model(model_folder, dtype="float32", device=device)
     if model.family != NEMOTRON:
         raise ConfigError(f"drafter training supports {NEMOTRON} models (converted Llama/Mistral), not {model.family}")
     network: DecoderNetwork = model.network
@@ -478,7 +491,7 @@ def train_drafter(
     step, wall = 0, 0.0
     state_path = work / "state.pt"
     if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
+        state = torch.load(state_path, weights_only=False, map_location="cpu")
         with torch.no_grad():
             for parameter, saved in zip(trainable, state["adapter"], strict=True):
                 parameter.copy_(saved)
@@ -519,7 +532,7 @@ def train_drafter(
             _plot(work)
         if step % config.save_every == 0 or step == config.steps:
             state = {
-                "adapter": [p.detach().clone() for p in trainable],
+                "adapter": [p.detach().cpu().clone() for p in trainable],
                 "optimizer": optimizer.state_dict(),
                 "generator": generator.get_state(),
                 "step": step,

@@ -18,6 +18,8 @@ import textwrap
 from dataclasses import fields
 from typing import Any
 
+import torch
+
 from specframe.cli import folder_path
 from specframe.errors import ConfigError, SpecframeError
 from specframe.models.loading import attach_drafter
@@ -40,6 +42,10 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--work-dir", required=True, type=folder_path, help="run folder (resumed when it exists)")
     parser.add_argument("--steps", type=int, help="optimizer steps (default 600)")
     parser.add_argument("--threads", type=int, help="torch threads (default 2, or 1 on a one-core machine)")
+    parser.add_argument(
+        "--device",
+        help="where the model trains: cpu, cuda, cuda:N (default: cuda when a GPU is present, else cpu)",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -73,9 +79,12 @@ def run(args: argparse.Namespace) -> int:
     if not (args.model / "config.json").is_file():
         raise ConfigError(f"{args.model}: not a model folder (no config.json); convert a model first")
     threads = min(2, machine_cores()) if args.threads is None else check_threads(args.threads, "--threads")
+    device = training_device(args.device)
     prepare_folder(args.work_dir, option="--work-dir")
     try:
-        summary = train_drafter(args.model, args.work_dir, config, threads=threads, log=lambda x: print(x, flush=True))
+        summary = train_drafter(
+            args.model, args.work_dir, config, threads=threads, device=device, log=lambda x: print(x, flush=True)
+        )
     except KeyboardInterrupt:
         raise SpecframeError(
             f"interrupted; {args.work_dir} keeps the run (its self-distilled data once generated, its state every "
@@ -86,6 +95,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"attached the drafter to {args.model}", flush=True)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
     return 0
+
+
+def training_device(name: str | None) -> torch.device:
+    """The device ``--device`` names (a GPU when present if it names none).
+
+    Raises:
+        ConfigError: If the name is not a device, or names a GPU this machine does not have.
+    """
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(f"--device {name!r} is not a device; use cpu, cuda or cuda:N") from exc
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name!r}: drafter training runs on cpu or cuda")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name!r}: this machine has no CUDA GPU that torch can use; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ConfigError(f"--device {name!r}: this machine has {torch.cuda.device_count()} GPU(s)")
+    return device
 
 
 def settings_help(config: type) -> str:

@@ -27,6 +27,7 @@ class TrainingForward:
         device = next(network.parameters()).device
         self.rotary = RotaryEmbedding(config.rope, config.dims.head_dim, device, dtype)
         self.dtype = dtype
+        self.device = device
 
     def hidden(
         self,
