@@ -11,11 +11,12 @@ Every prompt of bench's held-out ``chat`` task is formatted with the model's cha
 tokenizer, and the same token ids go to both engines. Per prompt, the methods run back to back (llama.cpp,
 then each specframe method), so a machine that slows down slows all of them alike; greedy, EOS ignored, so
 every method makes the same number of tokens. With ``--repeats N`` each prompt runs N such rounds and each
-method's fastest round counts (a shared machine's bursts of load hit llama.cpp hardest). Reported: tokens/s
-of the generation (prompt included, as a user waits for it) and of decoding alone (after the first token), each method's ratio to llama.cpp, and how
-many prompts' outputs equal llama.cpp's and specframe ``ar``'s. llama.cpp's Q4_1 dot products quantize
-activations with float16 scales and reduce in another order, so its tokens can part from specframe's at
-near-ties; specframe's speculative methods must equal specframe ``ar`` on every prompt.
+method's fastest round counts (a shared machine's bursts of load hit llama.cpp hardest). Reported: tokens/s of
+the generation (prompt included, as a user waits for it) and of decoding alone (after the first token), each
+method's ratio to llama.cpp, and how many prompts' outputs equal llama.cpp's and specframe ``ar``'s.
+llama.cpp's Q4_1 dot products quantize activations with float16 scales and reduce in another order, so its
+tokens can part from specframe's at near-ties; specframe's speculative methods must equal specframe ``ar`` on
+every prompt.
 """
 
 from __future__ import annotations
