@@ -151,7 +151,7 @@ def test_attention_matches_sdpa_and_each_row_is_bitwise_what_it_is_alone(variant
         assert torch.equal(alone, out[r : r + 1])
 
 
-@pytest.mark.parametrize("dim", [16, 40, 64])
+@pytest.mark.parametrize("dim", [8, 16, 40, 64])
 def test_attention_skips_hidden_keys_exactly(variant, dim):
     """A hidden key contributes nothing: the same visible keys with hidden ones between give the same bits.
 
