@@ -220,7 +220,9 @@ class BlockBatch:
     offsets: torch.Tensor
 
     def to(self, device: torch.device) -> BlockBatch:
-        """The same batch on ``device``."""
+        """The same batch on ``device`` (itself when it is there already)."""
+        if self.clean.device == torch.device(device):
+            return self
         return BlockBatch(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
@@ -421,9 +423,10 @@ def offset_agreement(
     loss_sum, rows_seen = 0.0, 0
     for start in range(0, len(windows), config.batch_size):
         batch = block_batch(windows[start : start + config.batch_size], config, mask_id, generator)
+        batch = batch.to(forward.device)
         logits, _ = block_logits(forward, batch, config.bf16)
         rows = batch.targets != -100
-        targets, offsets = batch.targets[rows].to(logits.device), batch.offsets[rows]
+        targets, offsets = batch.targets[rows], batch.offsets[rows].cpu()  # counted on the host
         loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
         rows_seen += int(targets.numel())
         right = (logits.argmax(-1) == targets).float().cpu()
@@ -508,7 +511,7 @@ def train_drafter(
         chosen = [train_windows[order[(step * config.batch_size + i) % len(order)]] for i in range(config.batch_size)]
         for group in optimizer.param_groups:
             group["lr"] = _learning_rate(config, step)
-        batch = block_batch(chosen, config, mask_id, generator)
+        batch = block_batch(chosen, config, mask_id, generator).to(forward.device)  # one transfer a step
         logits, base = block_logits(forward, batch, config.bf16)
         loss = drafting_loss(logits, base, batch, config)
         optimizer.zero_grad(set_to_none=True)

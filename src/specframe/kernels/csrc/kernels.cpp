@@ -283,6 +283,17 @@ int64_t grain(int64_t work_per_item) { return std::max<int64_t>(1, (1 << 16) / s
 
 at::Tensor as_f32_rows(const at::Tensor& x) { return x.to(at::kFloat).contiguous(); }
 
+// Activation rows quantized for the block formats: int8 codes per block of 32, each block's scale d, and d x
+// (the sum of its codes), each row from its own values alone.
+struct QuantizedRows {
+  std::vector<int8_t> codes;
+  std::vector<float> scale, scaled_sum;
+  QuantizedRows(const Variant& v, const float* x, int64_t M, int64_t K)
+      : codes(M * K), scale(M * (K / 32)), scaled_sum(M * (K / 32)) {
+    v.quantize_rows(x, M, K, codes.data(), scale.data(), scaled_sum.data());
+  }
+};
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t format, int64_t out_features) {
   TORCH_CHECK(x.dim() == 2, "specframe_kernels::linear: x must be [rows, in], got ", x.sizes());
   TORCH_CHECK(x.device().is_cpu() && weight.device().is_cpu(), "specframe_kernels::linear runs on the CPU");
@@ -324,12 +335,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
                 "specframe_kernels::linear: interleaved weight is ", weight.sizes(), ", expected [", groups, ", ",
                 blocks * G * BLOCK_BYTES[block], "] for ", N, "x", K, " in groups of ", G, " rows (the '", v.name,
                 "' kernels); load the model again after select_variant");
-    std::vector<int8_t> qx(M * K);
-    std::vector<float> dx(M * blocks), sx(M * blocks);
-    v.quantize_rows(xp, M, K, qx.data(), dx.data(), sx.data());
+    const QuantizedRows q(v, xp, M, K);
     const uint8_t* wp = weight.data_ptr<uint8_t>();
     at::parallel_for(0, groups, grain(G * M * K / 4), [&](int64_t g0, int64_t g1) {
-      v.grouped_linear(block, qx.data(), dx.data(), sx.data(), M, K, wp, N, op, g0, g1);
+      v.grouped_linear(block, q.codes.data(), q.scale.data(), q.scaled_sum.data(), M, K, wp, N, op, g0, g1);
     });
   } else {
     TORCH_CHECK(K % 32 == 0, "specframe_kernels::linear: block-quantized weights need in_features % 32 == 0, got ", K);
@@ -337,16 +346,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, int64_t format,
     const int64_t row_bytes = K / 32 * BLOCK_BYTES[format];
     TORCH_CHECK(weight.size(1) == row_bytes, "specframe_kernels::linear: weight rows hold ", weight.size(1),
                 " bytes, expected ", row_bytes, " for ", K, " inputs");
-    const int64_t blocks = K / 32;
-    std::vector<int8_t> qx(M * K);
-    std::vector<float> dx(M * blocks);
-    std::vector<float> sx(M * blocks);
-    v.quantize_rows(xp, M, K, qx.data(), dx.data(), sx.data());
+    const QuantizedRows q(v, xp, M, K);
     const int64_t groups = (N + 3) / 4;
     const uint8_t* wp = weight.data_ptr<uint8_t>();
     at::parallel_for(0, groups, grain(4 * M * K / 4), [&](int64_t b0, int64_t b1) {
-      v.quant_linear((int)format, qx.data(), dx.data(), sx.data(), M, K, wp, row_bytes, N, op, b0 * 4,
-                     std::min(N, b1 * 4));
+      v.quant_linear((int)format, q.codes.data(), q.scale.data(), q.scaled_sum.data(), M, K, wp, row_bytes, N, op,
+                     b0 * 4, std::min(N, b1 * 4));
     });
   }
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
