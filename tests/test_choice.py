@@ -1,15 +1,19 @@
 """Width / schedule "auto": the choice logic under fixed synthetic cost models, the statistics, the cost model.
 
 Nothing here depends on how fast this machine is: every choice is made against an injected cost model, and
-the calibration is only checked for its structure and its cache, never for its numbers.
+the calibration is checked for its structure and its cache on this machine, and for its numbers only against a
+simulated clock.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import random
 import sys
 import time
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -839,8 +843,9 @@ def test_a_slow_warm_up_such_as_a_compile_does_not_use_up_the_calibration_budget
 
     monkeypatch.setattr(model, "forward", first_call_compiles)
     costs_module.calibrate(model, budget_s=0.1, limit_s=0.3, min_rounds=3, max_rounds=3, rows=(1, 4))
-    pairs = 4  # two contexts x two row counts
-    assert len(calls) == 2 + pairs + 3 * pairs  # prefills, warm-up, then all three rounds
+    pairs = 4  # two contexts x two row counts, the 1-row call over the short prefix the reference
+    per_round = 2 * (pairs - 1) + 1  # every other pair between two reference calls
+    assert len(calls) == 2 + pairs + 3 * per_round  # prefills, warm-up, then all three rounds
 
 
 def test_calibration_times_wide_calls_with_their_drafting_rows_on_the_adapter(monkeypatch):
@@ -929,6 +934,89 @@ def test_calibration_pools_a_noisy_sample_instead_of_carrying_it_to_every_wider_
     assert [r for r, _ in pooled] == [1, 2, 4, 8, 16]
     assert [t for _, t in pooled] == pytest.approx([1.0, 10 / 3, 10 / 3, 10 / 3, 6.0])
     assert _monotone([(1, 1.0), (2, 2.0)]) == [(1, 1.0), (2, 2.0)]
+
+
+class _BurstyMachine:
+    """A simulated clock: a call costs a known function of its rows and context, times bursts of load.
+
+    The load comes in runs of calls: short quiet runs (no load), longer busy ones (1.2-1.8x), and now and
+    then one call descheduled (2-5x). Seeded, so every test run sees the same timings.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.now = 0.0
+        self.load = 1.0
+        self.left = 0
+
+    @staticmethod
+    def truth(rows: int, context: int) -> float:
+        return 1e-3 + 8e-5 * rows + 4e-7 * context * rows
+
+    def seconds(self, rows: int, context: int) -> float:
+        if not self.left:
+            quiet = self.rng.random() < 0.2
+            self.load = 1.0 if quiet else self.rng.uniform(1.2, 1.8)
+            self.left = self.rng.randint(1, 4) if quiet else self.rng.randint(5, 40)
+        self.left -= 1
+        descheduled = self.rng.uniform(2, 5) if self.rng.random() < 0.03 else 1.0
+        seconds = self.truth(rows, context) * self.load * descheduled
+        self.now += seconds
+        return seconds
+
+    def install(self, monkeypatch) -> None:
+        """Time the calibration's calls, and its budget, on this clock instead of the machine's."""
+        monkeypatch.setattr(costs_module, "_timed", lambda model, cache, ids, start: self.seconds(len(ids), start))
+        monkeypatch.setattr(costs_module, "time", SimpleNamespace(perf_counter=lambda: self.now))
+
+
+def _shape_error(shape, context):
+    """The largest relative error of ``{(context, rows): t / t(1 row, short prefix)}`` against the truth."""
+    truth = _BurstyMachine.truth
+    return max(abs(ratio / (truth(r, c) / truth(1, context)) - 1) for (c, r), ratio in shape.items())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_paired_ratios_find_the_shape_through_bursts_of_load_that_fastest_timings_miss(models, monkeypatch, seed):
+    # A per-count fastest timing depends on whether that count happened to run in a quiet moment, so the
+    # table's shape t(R) / t(1), all the choice reads, was off by a different amount for every count.
+    machine = _BurstyMachine(seed)
+    machine.install(monkeypatch)
+    cost = costs_module.calibrate(models[SETDLM])
+    counts = [r for r, _ in cost.table]
+    assert counts == list(costs_module.ROW_COUNTS) and cost.long_context > 2 * cost.context
+    assert 1.7 < machine.now < 2.2  # the simulated seconds stayed within the budget (1.8 s, one round past)
+    t1 = cost.table[0][1]
+    shape = {(cost.context, r): s / t1 for r, s in cost.table}
+    shape |= {(cost.long_context, r): s / t1 for r, s in cost.long_table}
+    assert _shape_error(shape, cost.context) < 0.02
+    assert t1 == pytest.approx(_BurstyMachine.truth(1, cost.context))  # some 1-row call ran in a quiet moment
+
+    # The former procedure on the same kind of load: shuffled rounds, each count's fastest timing.
+    machine = _BurstyMachine(seed)
+    pairs = list(shape)
+    fastest = {pair: math.inf for pair in pairs}
+    order = random.Random(0)
+    for round_index in range(25):
+        if round_index >= 3 and machine.now > 1.8:
+            break
+        order.shuffle(pairs)
+        for c, r in pairs:
+            fastest[c, r] = min(fastest[c, r], machine.seconds(r, c))
+    old = {pair: seconds / fastest[cost.context, 1] for pair, seconds in fastest.items()}
+    assert _shape_error(old, cost.context) > 0.15
+
+
+def test_the_staleness_check_takes_the_median_of_paired_ratios(models, monkeypatch):
+    machine = _BurstyMachine(1000)
+    machine.install(monkeypatch)
+    ratio = costs_module.measure_ratio(models[SETDLM], 16, 10, costs_module.CHECK_ROUNDS)
+    assert ratio == pytest.approx(_BurstyMachine.truth(10, 16) / _BurstyMachine.truth(1, 16), rel=0.02)
+
+    seen = []  # one warm-up call of each, then every wide call between two 1-row calls
+    monkeypatch.setattr(costs_module, "_timed", lambda model, cache, ids, start: seen.append(len(ids)) or len(ids))
+    assert costs_module.measure_ratio(models[SETDLM], 16, 10, 3) == 10
+    assert seen == [1, 10, 1, 10, 1, 10, 1, 10, 1]
 
 
 def test_an_unwritable_cost_cache_is_told_once_and_the_model_still_serves(models, monkeypatch, tmp_path):

@@ -5,8 +5,11 @@ model is given, the decoder's own work per call, ``host_s`` and ``host_row_s``; 
 only, and runs no decoder); each row also attends to every cached position, so a call
 costs more late in a long generation. :func:`calibrate` times forwards of a few row counts against a cached
 prefix of :data:`CONTEXT` positions and one of :data:`LONG_CONTEXT`, in interleaved rounds (a shuffled order
-per round, so a burst of load from other processes hits all of them alike), and keeps the fastest of each:
-the machine without interference (the chooser scales the whole model by the load it observes). The values
+per round), each call between two 1-row calls over the short prefix: the call's time over theirs is a ratio
+that a burst of load lasting a few calls leaves alone, as it slows both sides. A count's value is the median
+of its ratios times the fastest 1-row call: the shape ``t(R) / t(1)`` is what the choice depends on (the
+chooser scales the whole model by the load it observes), and a per-count fastest timing, which swings by
+itself with every lucky or unlucky sample, got that shape wrong on a shared machine. The values
 form two tables, interpolated in the rows and linearly in the context. Cost models are cached per model
 identity, device, dtype, threads, compilation and torch version under ``$SPECFRAME_CACHE_DIR/costs``.
 Measurements behind the constants are on the Performance page of the docs.
@@ -23,7 +26,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -43,10 +46,13 @@ CONTEXT = 64
 LONG_CONTEXT = 320
 #: A warm-up (one call of every timed pair) longer than this is not counted in the time budget (a compile).
 WARMUP_S = 1.0
-#: Bump when the calibration procedure changes, so that old cache files are not reused.
-VERSION = 4  # 4: calls of several rows are timed with their drafting rows on the adapter
-#: A cached table is measured again when a 10-row call over a 1-row call is off from the table's ratio by
-#: more than this factor either way, twice (a uniform slowdown is the observed load's to absorb).
+#: Bump when the calibration procedure changes, so that old cache files are not reused. 4: calls of several
+#: rows are timed with their drafting rows on the adapter. 5: a count's value is the median of its ratios to
+#: the adjacent 1-row calls (times the fastest 1-row call), no longer its own fastest timing.
+VERSION = 5
+#: A cached table is measured again when a 10-row call over a 1-row call (the median of paired ratios, as in
+#: :func:`calibrate`) is off from the table's ratio by more than this factor either way, twice (a uniform
+#: slowdown is the observed load's to absorb).
 STALE_SHAPE = 1.25
 #: The wider call of the staleness check, and its interleaved rounds.
 CHECK_ROWS = 10
@@ -287,6 +293,10 @@ def calibrate(
 ) -> CostModel:
     """Time forwards of ``rows`` new rows against a short and a long cached prefix and fit the cost model.
 
+    Each round times every (prefix, rows) pair once, in a shuffled order, each call between two 1-row calls
+    over the short prefix (see :func:`_paired_ratios`); a pair's value is the fastest 1-row call times the
+    median of its ratios.
+
     Args:
         model: The model to time.
         budget_s: Seconds to aim for, warm-up included unless it is slower than :data:`WARMUP_S`.
@@ -312,25 +322,46 @@ def calibrate(
     with torch.inference_mode():
         caches = {c: _prefilled(model, c, tokens(c), max(counts)) for c in contexts}
         inputs = {(c, r): tokens(r) for c in contexts for r in counts}
-        order = list(inputs)
-        for c, r in order:  # warm-up: first calls allocate and pick kernels (and compile, on the compiled path)
-            _timed(model, caches[c], inputs[c, r], c)
+        # The reference every timed call sits between: a 1-row (AR) call over the short prefix.
+        one = inputs[context, 1] if (context, 1) in inputs else tokens(1)
+
+        def reference() -> float:
+            return _timed(model, caches[context], one, context)
+
+        def call(c: int, r: int) -> Callable[[], float]:
+            return lambda: _timed(model, caches[c], inputs[c, r], c)
+
+        order = [pair for pair in inputs if pair != (context, 1)]  # the reference's own ratio is 1
+        reference()  # warm-up: first calls allocate and pick kernels (and compile, on the compiled path)
+        for c, r in order:
+            call(c, r)()
         warmup_s = time.perf_counter() - started
         budget_started = started + warmup_s if warmup_s > WARMUP_S else started
-        samples: dict[tuple[int, int], list[float]] = {pair: [] for pair in order}
+        ratios: dict[tuple[int, int], list[float]] = {pair: [] for pair in order}
+        ones: list[float] = []
         shuffle = random.Random(0)
         for round_index in range(max_rounds):
             elapsed = time.perf_counter() - budget_started
             if round_index and (elapsed > limit_s or (round_index >= min_rounds and elapsed > budget_s)):
                 break
             shuffle.shuffle(order)
-            for c, r in order:
-                samples[c, r].append(_timed(model, caches[c], inputs[c, r], c))
-    table = tuple(_monotone([(r, min(samples[context, r])) for r in counts]))
+            timings, round_ratios = _paired_ratios(reference, [call(c, r) for c, r in order])
+            ones += timings
+            for pair, ratio in zip(order, round_ratios, strict=True):
+                ratios[pair].append(ratio)
+    # The scale: the fastest of the many reference calls (one more per round than timed calls), the machine
+    # without interference, as before. It multiplies every value alike, so it leaves the shape alone; a median
+    # or low quantile would only add the load of the moment, which the chooser observes by itself.
+    t1 = min(ones)
+
+    def value(c: int, r: int) -> float:
+        return t1 if (c, r) == (context, 1) else t1 * statistics.median(ratios[c, r])
+
+    table = tuple(_monotone([(r, value(context, r)) for r in counts]))
     tau, delta = fit(table)
     long_table: tuple[tuple[int, float], ...] = ()
     if len(contexts) == 2:  # a longer prefix never makes a call cheaper (a dip is noise)
-        longer = _monotone([(r, min(samples[long_context, r])) for r in counts])
+        longer = _monotone([(r, value(long_context, r)) for r in counts])
         long_table = tuple((r, max(long, short)) for (r, long), (_, short) in zip(longer, table, strict=True))
     return CostModel(
         tau,
@@ -409,19 +440,49 @@ def shape_drift(model: ModelBackend, cost: CostModel) -> float | None:
 
 
 def measure_ratio(model: ModelBackend, context: int, rows: int, rounds: int) -> float:
-    """The fastest forward of ``rows`` new rows over the fastest of 1 row, over ``context`` cached positions."""
+    """The median ratio of a forward of ``rows`` new rows to the 1-row forwards beside it, as :func:`calibrate`.
+
+    Args:
+        model: The model to time.
+        context: Cached positions both calls attend to.
+        rows: New rows of the wide call.
+        rounds: Wide calls timed, each between two 1-row calls (after one warm-up call of each).
+    """
     generator = torch.Generator().manual_seed(1)
     ids = torch.randint(model.vocab_size, (context + rows,), generator=generator)
     ids = ids.masked_fill(ids == model.mask_token_id, 0).to(model.device)
-    samples: dict[int, list[float]] = {1: [], rows: []}
     with torch.inference_mode():
         cache = _prefilled(model, context, ids[:context], rows)
-        for round_index in range(rounds + 1):  # the first round warms up
-            for r in samples if round_index % 2 else reversed(list(samples)):
-                seconds = _timed(model, cache, ids[context : context + r], context)
-                if round_index:
-                    samples[r].append(seconds)
-    return min(samples[rows]) / min(samples[1])
+
+        def call(r: int) -> Callable[[], float]:
+            return lambda: _timed(model, cache, ids[context : context + r], context)
+
+        one, wide = call(1), call(rows)
+        one()  # warm-up
+        wide()
+        _, ratios = _paired_ratios(one, [wide] * rounds)
+    return statistics.median(ratios)
+
+
+def _paired_ratios(
+    reference: Callable[[], float], calls: Sequence[Callable[[], float]]
+) -> tuple[list[float], list[float]]:
+    """Time ``reference, calls[0], reference, calls[1], ..., reference``: every call between two references.
+
+    Returns:
+        The reference's seconds (one more than ``calls``), and each call's seconds over the mean of the two
+        reference timings beside it: a burst of load that lasts a few calls slows both sides of its ratio alike,
+        and the median over rounds leaves out the few ratios that a burst starting or ending mid-way skews.
+    """
+    before = reference()
+    timings, ratios = [before], []
+    for timed in calls:
+        seconds = timed()
+        after = reference()
+        ratios.append(seconds / max((before + after) / 2, 1e-12))
+        timings.append(after)
+        before = after
+    return timings, ratios
 
 
 def _interpolate(table: Sequence[tuple[int, float]], rows: int, tau: float, delta: float) -> float:
