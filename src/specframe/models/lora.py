@@ -57,8 +57,8 @@ class AdapterConfig:
     def module(self, name: str) -> tuple[int, float, str]:
         """``(rank, scale, where the rank comes from)`` of the module called ``name`` (its full path).
 
-        A pattern key applies when it is the name, or, as a regular expression, matches the name's end after a
-        dot (PEFT's rule: ``"down_proj"`` names every layer's ``mlp.down_proj``); the first such key wins.
+        A key equal to the name wins; else the first key that, as a regular expression, matches the name's end
+        after a dot (PEFT's rule: ``"down_proj"`` names every layer's ``mlp.down_proj``).
         """
         rank_key, alpha_key = _pattern_key(self.rank_pattern, name), _pattern_key(self.alpha_pattern, name)
         rank = self.rank if rank_key is None else self.rank_pattern[rank_key]
