@@ -303,7 +303,7 @@ def transformers_model(model: Any, source: str | None) -> Any | None:
     hf = cls(config).eval().to(device=model.device, dtype=model.dtype)
     renamed = {}
     for name, tensor in state.items():
-        if ".o_lora." in name:  # the proposal-only adapter: drafting rows only, not the AR model
+        if ".o_lora." in name or ".down_lora." in name:  # the proposal-only adapter: drafting rows only
             continue
         if name.startswith("body."):
             renamed["model." + name[len("body.") :]] = tensor

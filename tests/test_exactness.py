@@ -182,13 +182,14 @@ def test_edge_cases_one_token_prompt_and_limit_below_width(models):
                 assert generate(models[family], schedule, [5], 1, width=8).output_ids == reference[:1]
 
 
-def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path):
+@pytest.mark.parametrize("mlp_rank", [0, 5], ids=["o_proj", "o_proj+down_proj"])
+def test_proposal_only_adapter_changes_drafts_but_never_the_output(tmp_path, mlp_rank):
     """Nemotron's LoRA applies to drafting rows only, so verification (and the output) stays the base model's."""
     from specframe.models import load_model
     from specframe.testing.models import write_random_checkpoint
 
     folder = write_random_checkpoint(
-        NEMOTRON, tmp_path / "lora", seed=1, tokenizer=False, lora_rank=4, vocab_size=VOCAB,
+        NEMOTRON, tmp_path / "lora", seed=1, tokenizer=False, lora_rank=4, lora_mlp_rank=mlp_rank, vocab_size=VOCAB,
         mask_token_id=VOCAB - 1, eos_token_id=EOS, pad_token_id=EOS, bos_token_id=1,
     )  # fmt: skip
     base = load_model(folder, dtype="float64")

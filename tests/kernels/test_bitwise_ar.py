@@ -35,7 +35,10 @@ DTYPES = [("float32", None), ("bfloat16", None), ("float32", "q8_0"), ("bfloat16
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("bitwise")
     return {
-        NEMOTRON: write_random_checkpoint(NEMOTRON, root / "n", seed=11, lora_rank=4, logit_scale=0.05),
+        # the drafting rows run adapters on o_proj and down_proj
+        NEMOTRON: write_random_checkpoint(
+            NEMOTRON, root / "n", seed=11, lora_rank=4, lora_mlp_rank=3, logit_scale=0.05
+        ),
         SETDLM: write_random_checkpoint(SETDLM, root / "s", seed=12, logit_scale=0.05),
     }
 

@@ -16,6 +16,13 @@ def nemotron_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def nemotron_mlp_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``nemotron_dir``'s weights and ``o_proj`` adapter, plus a rank-6 ``down_proj`` adapter (``rank_pattern``)."""
+    folder = tmp_path_factory.mktemp("nemotron-mlp")
+    return write_random_checkpoint(NEMOTRON, folder, seed=1, lora_rank=4, lora_mlp_rank=6)
+
+
+@pytest.fixture(scope="session")
 def setdlm_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_random_checkpoint(SETDLM, tmp_path_factory.mktemp("setdlm"), seed=2)
 

@@ -70,13 +70,51 @@ def test_eager_path_equals_reference_path_in_float64(model64):
         torch.testing.assert_close(got, ref, rtol=0, atol=1e-11)
 
 
-def test_eager_path_equals_reference_with_adapter_rows(nemotron_dir):
-    adapted = load_model(nemotron_dir, dtype="float64", adapter=True)
+@pytest.mark.parametrize("folder", ["nemotron_dir", "nemotron_mlp_dir"])  # o_proj; o_proj and down_proj
+def test_eager_path_equals_reference_with_adapter_rows(folder, request):
+    adapted = load_model(request.getfixturevalue(folder), dtype="float64", adapter=True)
     rows = torch.tensor([False] * 5 + [True] * 4)
     reference, eager = _paths(adapted, rows)
     torch.testing.assert_close(eager[1], reference[1], rtol=0, atol=1e-11)
     _, plain = _paths(adapted, None)
     assert not torch.allclose(eager[1][1:3], plain[1][1:3])  # the adapter did act on the block rows
+
+
+@pytest.mark.parametrize("kernels_on", [True, False], ids=["ours", "torch"])
+def test_float32_paths_agree_with_a_down_proj_adapter(nemotron_mlp_dir, kernels_on, monkeypatch):
+    if not kernels_on:
+        monkeypatch.setenv(kernels.SWITCH, "0")
+    adapted = load_model(nemotron_mlp_dir, dtype="float32", adapter=True)
+    assert adapted.inference.weights.invariant == (kernels_on and kernels.available())
+    rows = torch.tensor([False] * 5 + [True] * 4)
+    reference, eager = _paths(adapted, rows)
+    assert all(layer.down_lora is not None for layer in adapted.inference.weights.layers)
+    torch.testing.assert_close(eager[1], reference[1], rtol=1e-4, atol=1e-4)
+
+
+def test_a_down_proj_adapter_set_after_loading_is_seen(nemotron_dir):
+    from specframe.models.layers import LowRankUpdate
+
+    model = load_model(nemotron_dir, dtype="float64")
+    rows = torch.tensor([False] * 5 + [True] * 4)
+    before = _two_calls(model, rows)[1]
+    assert not model.inference.has_lora
+    mlp = model.network.body.layers[1].mlp
+    update = LowRankUpdate(mlp.down_proj.in_features, mlp.down_proj.out_features, 3, 0.5).double()
+    with torch.no_grad():
+        update.lora_A.normal_(generator=torch.Generator().manual_seed(0))
+        update.lora_B.normal_(generator=torch.Generator().manual_seed(1))
+    mlp.down_lora = update
+    model.has_adapter = True  # as a loader that attaches an adapter says (the reference reads it)
+    assert model.inference.stale()
+    after = _two_calls(model, rows)[1]
+    assert model.inference.has_lora and not model.inference.stale()
+    assert update.lora_B.data_ptr() in {t.data_ptr() for t in model.inference.weights.tensors()}  # read in place
+    torch.testing.assert_close(after, _reference(model, rows)[1], rtol=0, atol=1e-11)
+    drafting = torch.tensor(rows.tolist())[OUTPUT]
+    assert torch.equal(after[~drafting], before[~drafting]) and not torch.allclose(after[drafting], before[drafting])
+    mlp.down_lora = None
+    assert model.inference.stale() and torch.equal(_two_calls(model, rows)[1], before)
 
 
 def test_fused_weights_are_shared_and_in_place_edits_are_seen(nemotron_dir):
@@ -283,8 +321,9 @@ def torch_kernels(monkeypatch):
 has_kernels = pytest.mark.skipif(not kernels.available(), reason=f"no kernels: {kernels.unavailable_reason()}")
 
 
-def test_compiled_graphs_equal_reference_with_adapter_rows(nemotron_dir, compile_at_once):
-    adapted = _compiled(load_model(nemotron_dir, dtype="float64", adapter=True))
+@pytest.mark.parametrize("folder", ["nemotron_dir", "nemotron_mlp_dir"])
+def test_compiled_graphs_equal_reference_with_adapter_rows(folder, request, compile_at_once):
+    adapted = _compiled(load_model(request.getfixturevalue(folder), dtype="float64", adapter=True))
     rows = torch.tensor([False] * 5 + [True] * 4)
     graphs = _two_calls(adapted, rows)
     assert adapted.compiled.graph_calls == 1  # the prompt ran eagerly, the second call as a graph

@@ -372,7 +372,7 @@ def test_a_folder_from_before_the_new_settings_resumes_with_what_it_trained_with
     work = tmp_path / "old"
     shutil.copytree(drafter_run[0], work)
     stored = json.loads((work / "settings.json").read_text())
-    for key in ("near_weight", "distill", "init_from", "patience"):
+    for key in ("near_weight", "distill", "init_from", "patience", "mlp_rank", "mlp_alpha"):
         stored.pop(key)
     (work / "settings.json").write_text(json.dumps(stored))
     old = {**RUN, "near_weight": 1.0, "distill": 0.0}
@@ -382,7 +382,9 @@ def test_a_folder_from_before_the_new_settings_resumes_with_what_it_trained_with
 
 
 @pytest.mark.parametrize(
-    ("setting", "value"), [("near_weight", 1.5), ("distill", -0.1), ("patience", -1), ("init_from", 3)]
+    ("setting", "value"),
+    [("near_weight", 1.5), ("distill", -0.1), ("patience", -1), ("init_from", 3), ("mlp_rank", -1)]
+    + [("mlp_rank", 1.5), ("mlp_alpha", 4.0)],
 )
 def test_bad_objective_settings_are_refused(setting, value):
     with pytest.raises(ConfigError, match=setting):
@@ -411,3 +413,105 @@ def test_the_device_flag_names_what_is_wrong(monkeypatch):
 def test_a_run_keeps_its_state_on_the_cpu_so_it_resumes_on_any_device(drafter_run):
     state = torch.load(drafter_run[0] / "state.pt", weights_only=False)
     assert all(t.device.type == "cpu" for t in state["adapter"])
+
+
+# -- the MLP adapter (mlp_rank) -----------------------------------------------------------------------------
+def test_mlp_alpha_follows_mlp_rank_and_needs_it():
+    assert DrafterConfig().mlp_rank == 0 and DrafterConfig().mlp_alpha is None  # no MLP adapter by default
+    assert DrafterConfig(mlp_rank=16).mlp_alpha == 32.0
+    assert DrafterConfig(mlp_rank=16, mlp_alpha=8).mlp_alpha == 8
+    with pytest.raises(ConfigError, match="mlp_alpha=4.0 needs an MLP adapter: give --set mlp_rank=N"):
+        DrafterConfig(mlp_alpha=4.0)
+    with pytest.raises(ConfigError, match="mlp_alpha must be a number > 0"):
+        DrafterConfig(mlp_rank=4, mlp_alpha=-1)
+
+
+def test_the_mlp_adapter_trains_on_the_block_rows_only(converted):
+    from specframe_training.drafter import attach_trainable_lora, block_logits, drafting_loss
+
+    config = DrafterConfig(**{**RUN, "rank": 4, "mlp_rank": 3})
+    model, forward, batch = objective_batch(converted, config)
+    _, base_before = block_logits(forward, batch, autocast=False)
+    generator = torch.Generator().manual_seed(0)
+    trainable = attach_trainable_lora(model.network, 4, 8.0, generator, 3, 6.0, torch.Generator().manual_seed(1))
+    layers = model.network.body.layers
+    assert len(trainable) == 4 * len(layers) and all(p.requires_grad for p in trainable)
+    assert [tuple(layer.mlp.down_lora.lora_A.shape) for layer in layers][0] == (3, layers[0].mlp.down_proj.in_features)
+    assert layers[0].mlp.down_lora.scale == 2.0 and not any(layer.mlp.down_lora.lora_B.any() for layer in layers)
+    logits, base = block_logits(forward, batch, autocast=False)
+    assert torch.equal(base, base_before)  # the teacher (clean rows) runs no adapter
+    drafting_loss(logits, base, batch, config).backward()
+    for layer in layers:  # B starts at zero, so its gradient is the first to move
+        assert layer.mlp.down_lora.lora_B.grad.abs().sum() > 0 and layer.self_attn.o_lora.lora_B.grad.abs().sum() > 0
+    assert not any(p.requires_grad for p in model.network.parameters() if all(p is not t for t in trainable))
+    # the same o_proj draws as a run without an MLP adapter: its own generator draws the MLP's A
+    again = attach_trainable_lora(model.network, 4, 8.0, torch.Generator().manual_seed(0))
+    assert torch.equal(again[0], trainable[0]) and all(layer.mlp.down_lora is None for layer in layers)
+
+
+def test_write_adapter_round_trips_both_modules(converted, tmp_path):
+    from specframe_training.drafter import attach_trainable_lora, write_adapter
+
+    config = DrafterConfig(rank=4, mlp_rank=3, mlp_alpha=9.0)
+    model = load_model(converted, dtype="float32")
+    trainable = attach_trainable_lora(model.network, 4, config.alpha, torch.Generator().manual_seed(0), 3, 9.0)
+    with torch.no_grad():
+        for parameter in trainable:
+            parameter.normal_(generator=torch.Generator().manual_seed(parameter.numel()))
+    write_adapter(model.network, tmp_path / "adapter", config, "tiny")
+    settings = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert settings["target_modules"] == ["o_proj", "down_proj"] and (settings["r"], settings["lora_alpha"]) == (4, 8.0)
+    assert settings["rank_pattern"] == {"down_proj": 3} and settings["alpha_pattern"] == {"down_proj": 9.0}
+    loaded = load_model(converted, dtype="float32", adapter=tmp_path / "adapter")
+    for trained, read in zip(model.network.body.layers, loaded.network.body.layers, strict=True):
+        for block, attribute in (("self_attn", "o_lora"), ("mlp", "down_lora")):
+            mine, theirs = getattr(getattr(trained, block), attribute), getattr(getattr(read, block), attribute)
+            assert theirs.scale == mine.scale
+            for half in ("lora_A", "lora_B"):  # saved in bfloat16
+                assert torch.equal(getattr(theirs, half), getattr(mine, half).detach().bfloat16().float())
+    write_adapter(model.network, tmp_path / "attention", DrafterConfig(rank=4), "tiny")  # no MLP adapter: as before
+    settings = json.loads((tmp_path / "attention" / "adapter_config.json").read_text())
+    assert settings["target_modules"] == ["o_proj"] and "rank_pattern" not in settings
+
+
+@pytest.fixture(scope="module")
+def mlp_run(drafter_run, converted, tmp_path_factory):
+    """Three steps with an MLP adapter, started from the o_proj-only adapter of ``drafter_run`` (its data reused)."""
+    work = tmp_path_factory.mktemp("mlp-run")
+    shutil.copy(drafter_run[0] / "data.pt", work / "data.pt")
+    settings = {**RUN, "steps": 3, "eval_every": 3, "mlp_rank": 4, "init_from": str(drafter_run[0] / "adapter")}
+    summary = train_drafter(converted, work, DrafterConfig(**settings), threads=1, log=lambda _: None)
+    return work, summary
+
+
+def test_a_run_with_an_mlp_adapter_continues_an_o_proj_only_one(drafter_run, mlp_run, converted):
+    work, summary = mlp_run
+    assert summary["steps"] == 3 and summary["config"]["mlp_alpha"] == 8.0
+    # the fresh MLP adapter changes nothing before the first step: the run drafts as the saved adapter did
+    cold = drafter_run[1]
+    assert abs(summary["first"]["loss"] - cold["last"]["loss"]) < 0.05 * (cold["first"]["loss"] - cold["last"]["loss"])
+    model = load_model(converted, dtype="float32", adapter=work / "adapter")
+    assert all(layer.mlp.down_lora is not None for layer in model.network.body.layers)
+    assert any(layer.mlp.down_lora.lora_B.any() for layer in model.network.body.layers)  # it trained
+    prompt = model.tokenizer.encode(TEXTS[1])
+    expected = ar_output(model, prompt, 12)
+    config = {"model": model, "schedule": "packed", "width": 3, "max_new_tokens": 12}
+    assert compose(config).generate(prompt_ids=prompt).output_ids == expected
+
+
+def test_a_run_starts_from_a_saved_mlp_adapter_of_its_rank_only(mlp_run, converted, tmp_path):
+    saved = str(mlp_run[0] / "adapter")
+
+    def train(name, **settings):
+        work = tmp_path / name
+        work.mkdir()
+        shutil.copy(mlp_run[0] / "data.pt", work / "data.pt")  # the same data, not generated again
+        config = DrafterConfig(**{**RUN, "init_from": saved, **settings})
+        return train_drafter(converted, work, config, threads=1, log=lambda _: None)
+
+    for mlp_rank in (0, 2):  # the saved MLP adapter would be dropped, or does not fit
+        with pytest.raises(ConfigError, match="has down_proj rank 4; give --set mlp_rank=4 to start from it"):
+            train(f"rank{mlp_rank}", mlp_rank=mlp_rank)
+    summary = train("warm", steps=1, eval_every=1, mlp_rank=4, mlp_alpha=2.0)
+    # before its first step it drafts as the saved adapter (bfloat16 on disk) did at the end of its run
+    assert summary["first"]["loss"] == pytest.approx(mlp_run[1]["last"]["loss"], abs=0.02)

@@ -66,6 +66,9 @@ Blocks = tuple[str, torch.Tensor]
 """A matrix stored block-quantized: its format (``"q4_1"``, ...) and its ``uint8`` blocks
 (:mod:`specframe.kernels.quant`)."""
 
+Adapter = tuple[torch.Tensor, torch.Tensor, float]
+"""A proposal-only LoRA on a projection: ``(A [rank, in], B [out, rank], scale)``."""
+
 Kernel = Callable[..., Linear]
 """Makes the projection object of a weight, ``kernel(weight, blocks=None)``: :class:`Linear`, or a CPU kernel
 (:func:`specframe.models.cpu.kernel`)."""
@@ -85,7 +88,8 @@ class LayerWeights:
         qk_norm: ``[heads + kv_heads, head_dim]`` per-head q_norm then k_norm weights (Qwen3), or ``None``.
         qkv_bias: ``[(heads + 2 kv_heads) head_dim]`` fused q/k/v biases (Qwen2), added to every row after the
             projection (an elementwise add per row, so rows stay invariant), or ``None``.
-        lora: ``(A, B, scale)`` of the proposal-only adapter on the output projection, or ``None``.
+        lora: The proposal-only adapter on the attention output projection ``o``, or ``None``.
+        down_lora: The proposal-only adapter on the MLP output projection ``down``, or ``None``.
     """
 
     input_norm: torch.Tensor
@@ -95,8 +99,13 @@ class LayerWeights:
     gate_up: Linear
     down: Linear
     qk_norm: torch.Tensor | None
-    lora: tuple[torch.Tensor, torch.Tensor, float] | None
+    lora: Adapter | None
     qkv_bias: torch.Tensor | None = None
+    down_lora: Adapter | None = None
+
+    def adapters(self) -> tuple[Adapter | None, Adapter | None]:
+        """The layer's adapters: on ``o``, then on ``down`` (each ``None`` when absent)."""
+        return self.lora, self.down_lora
 
 
 @dataclass
@@ -128,7 +137,8 @@ class Weights:
                 yield value
         for layer in self.layers:
             yield from (layer.input_norm, layer.post_norm, *(getattr(layer, n).weight for n in _PROJECTIONS))
-            yield from (t for t in (layer.qk_norm, layer.qkv_bias, *(layer.lora or ())[:2]) if t is not None)
+            yield from (t for t in (layer.qk_norm, layer.qkv_bias) if t is not None)
+            yield from (t for adapter in layer.adapters() if adapter is not None for t in adapter[:2])
 
 
 _PROJECTIONS = ("qkv", "o", "gate_up", "down")
@@ -243,7 +253,8 @@ def step(
     for index, layer in enumerate(w.layers):
         attention_input = _norm(w, x, layer.input_norm)
         x = x + _attention(w, layer, index, attention_input, cos, sin, scale, segments, adapter_rows, padded)
-        x = x + layer.down(_silu_mul(w, layer.gate_up(_norm(w, x, layer.post_norm))))
+        inner = _silu_mul(w, layer.gate_up(_norm(w, x, layer.post_norm)))
+        x = x + _adapt(w, layer.down(inner), inner, layer.down_lora, adapter_rows)
     if output_rows is not None:
         x = x.index_select(0, output_rows)
     return _norm(w, x, w.final_norm)
@@ -310,15 +321,24 @@ def _attention(
             outs.append(_attend(w, index, q[start:end], k[start:end], v[start:end], *segment))
             start = end
         out = torch.cat(outs)
-    projected = layer.o(out)
-    if layer.lora is not None and adapter_rows is not None:
-        a, b, lora_scale = layer.lora
-        if w.invariant and a.dtype == out.dtype and a.dtype in (torch.float32, torch.bfloat16):
-            # one operator call (five small ones cost about 28 us a layer on a 2-core EPYC, a sixth of a Q4_1 call)
-            return torch.ops.specframe_kernels.adapt(projected, out, a, b, lora_scale, adapter_rows)
-        update = F.linear(F.linear(out, a), b) * lora_scale
-        projected = torch.where(adapter_rows[:, None], projected + update, projected)
-    return projected
+    return _adapt(w, layer.o(out), out, layer.lora, adapter_rows)
+
+
+def _adapt(
+    w: Weights, projected: torch.Tensor, x: torch.Tensor, adapter: Adapter | None, rows: torch.Tensor | None
+) -> torch.Tensor:
+    """A projection's output ``projected`` of ``[R, in]`` inputs ``x``, plus its adapter's update on ``rows``.
+
+    The other rows are ``projected`` bit for bit (the base weights' output).
+    """
+    if adapter is None or rows is None:
+        return projected
+    a, b, scale = adapter
+    if w.invariant and a.dtype == x.dtype and a.dtype in (torch.float32, torch.bfloat16):
+        # one operator call (five small ones cost about 28 us a layer on a 2-core EPYC, a sixth of a Q4_1 call)
+        return torch.ops.specframe_kernels.adapt(projected, x, a, b, scale, rows)
+    update = F.linear(F.linear(x, a), b) * scale
+    return torch.where(rows[:, None], projected + update, projected)
 
 
 def _count(slots: torch.Tensor | slice) -> int:
@@ -568,7 +588,7 @@ class Forward:
         body, kernel = self.network.body, self.kernel
         layers = []
         for index, layer in enumerate(body.layers):
-            attn, mlp, lora = layer.self_attn, layer.mlp, layer.self_attn.o_lora
+            attn, mlp = layer.self_attn, layer.mlp
             stored = self._stored_blocks(f"body.layers.{index}")
             qk_norm = None
             if attn.q_norm is not None and attn.k_norm is not None:
@@ -583,8 +603,9 @@ class Forward:
                     gate_up=kernel(mlp.gate_up_weight, stored("mlp", "gate_proj", "up_proj")),
                     down=kernel(mlp.down_proj.weight.detach(), stored("mlp", "down_proj")),
                     qk_norm=qk_norm,
-                    lora=None if lora is None else (lora.lora_A.detach(), lora.lora_B.detach(), float(lora.scale)),
+                    lora=_adapter(attn.o_lora),
                     qkv_bias=getattr(attn, "qkv_bias", None),
+                    down_lora=_adapter(mlp.down_lora),
                 )
             )
         head = body.embed_tokens.weight if self.network.head is None else self.network.head.weight
@@ -605,14 +626,16 @@ class Forward:
             dtype=self.dtype,
             invariant=bool(getattr(kernel, "invariant", False)),
         )
-        # read before every call: the attention modules (adapters) and the tensors something was copied from
+        # read before every call: the modules holding adapters and the tensors something was copied from
         # (qk-norm weights, matrices with a CPU copy); fused matrices and views are read in place
         self._attention = [layer.self_attn for layer in body.layers]
+        self._adapted = [(layer.self_attn, "o_lora") for layer in body.layers]
+        self._adapted += [(layer.mlp, "down_lora") for layer in body.layers]
         self._copied = [t for a in self._attention if a.q_norm is not None for t in (a.q_norm.weight, a.k_norm.weight)]
         self._copied += [p.weight for x in layers for p in (x.qkv, x.o, x.gate_up, x.down) if type(p) is not Linear]
         self._copied += [] if type(self.weights.head) is Linear else [self.weights.head.weight]
         self._state = self._fingerprint()
-        self.has_lora = any(layer.lora is not None for layer in layers)
+        self.has_lora = any(adapter is not None for layer in layers for adapter in layer.adapters())
 
     def _stored_blocks(self, prefix: str) -> Callable[..., Blocks | None]:
         """The stored blocks of a layer's projection made of the given parts (fused: the parts' blocks stacked).
@@ -632,12 +655,16 @@ class Forward:
 
     def _fingerprint(self) -> tuple[list, list[int]]:
         """What the weights were built from beyond shared storage: adapters, copied tensors' versions."""
-        return [a.o_lora for a in self._attention], [t._version for t in self._copied]
+        return self._adapters(), [t._version for t in self._copied]
+
+    def _adapters(self) -> list[nn.Module | None]:
+        """Every layer's adapter modules (``o_lora`` of each layer, then ``down_lora``), ``None`` where absent."""
+        return [getattr(module, name) for module, name in self._adapted]
 
     def stale(self) -> bool:
         """Whether an adapter changed or a copied weight was edited in place since the weights were built."""
-        lora, versions = self._state
-        return any(a.o_lora is not b for a, b in zip(self._attention, lora, strict=True)) or versions != [
+        adapters, versions = self._state
+        return any(a is not b for a, b in zip(self._adapters(), adapters, strict=True)) or versions != [
             t._version for t in self._copied
         ]
 
@@ -670,6 +697,11 @@ class Forward:
         ids, positions = _cat([c.input_ids for c in calls]), _cat([c.position_ids for c in calls])
         logits = w.head(step(w, ids, positions, segments, adapter, output_rows))
         return [logits] if len(calls) == 1 else list(logits.split(counts))
+
+
+def _adapter(update: nn.Module | None) -> Adapter | None:
+    """The step's form of a :class:`~specframe.models.layers.LowRankUpdate` (``None`` for none)."""
+    return None if update is None else (update.lora_A.detach(), update.lora_B.detach(), float(update.scale))
 
 
 def _cat(tensors: list[torch.Tensor]) -> torch.Tensor:

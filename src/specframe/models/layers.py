@@ -208,6 +208,24 @@ class LowRankUpdate(nn.Module):
         return F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scale
 
 
+def adapted(
+    projected: torch.Tensor, x: torch.Tensor, update: LowRankUpdate | None, rows: torch.Tensor | None
+) -> torch.Tensor:
+    """A projection's output ``projected`` of inputs ``x``, plus ``update(x)`` on the adapter ``rows`` only.
+
+    Other rows are ``projected`` as it is (bit for bit): the base weights' output.
+
+    Args:
+        projected: ``[..., out]`` output of the base projection.
+        x: ``[..., in]`` its input.
+        update: The projection's adapter, or ``None``.
+        rows: ``[...]`` boolean rows that get the adapter, or ``None`` (no row).
+    """
+    if update is None or rows is None:
+        return projected
+    return torch.where(rows[..., None], projected + update(x), projected)
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention of new rows over cached + new keys, with q/k/v biases or none.
 
@@ -262,24 +280,27 @@ class Attention(nn.Module):
             enable_gqa=self.num_heads != self.num_kv_heads,
         )
         out = rearrange(out, "b h t d -> b t (h d)")
-        projected = self.o_proj(out)
-        if self.o_lora is not None and ctx.adapter_rows is not None:
-            projected = torch.where(ctx.adapter_rows[..., None], projected + self.o_lora(out), projected)
-        return projected
+        return adapted(self.o_proj(out), out, self.o_lora, ctx.adapter_rows)
 
 
 class SwiGLU(nn.Module):
-    """The gated MLP ``down(silu(gate(x)) * up(x))``, without biases."""
+    """The gated MLP ``down(silu(gate(x)) * up(x))``, without biases.
+
+    ``down_lora``, when set, is a proposal-only adapter on ``down_proj`` (its input is
+    ``silu(gate(x)) * up(x)``), applied to the rows ``ctx.adapter_rows`` marks.
+    """
 
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.down_lora: LowRankUpdate | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Apply the MLP to rows ``[..., hidden]``."""
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+    def forward(self, x: torch.Tensor, ctx: ForwardContext | None = None) -> torch.Tensor:
+        """Apply the MLP to rows ``[..., hidden]`` (the adapter on ``ctx.adapter_rows``, given a ``ctx``)."""
+        inner = F.silu(self.gate_proj(x)) * self.up_proj(x)
+        return adapted(self.down_proj(inner), inner, self.down_lora, None if ctx is None else ctx.adapter_rows)
 
 
 class DecoderLayer(nn.Module):
@@ -307,4 +328,4 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, ctx: ForwardContext, layer: int) -> torch.Tensor:
         """Run the block on batched rows ``[B, T, hidden]``."""
         x = x + self.self_attn(self.input_layernorm(x), ctx, layer)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x), ctx)

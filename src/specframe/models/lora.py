@@ -1,9 +1,13 @@
-"""Proposal-only LoRA adapters saved in the PEFT layout, attached to attention output projections.
+"""Proposal-only LoRA adapters saved in the PEFT layout, on attention ``o_proj`` and MLP ``down_proj``.
 
 A PEFT adapter folder holds ``adapter_config.json`` (``r``, ``lora_alpha``, ``target_modules``, optional
-``use_rslora``) and ``adapter_model.safetensors`` (or ``.bin``) with keys
-``base_model.model.<module path>.lora_A.weight`` (``[r, in]``) and ``...lora_B.weight`` (``[out, r]``).
-The update ``(alpha / r) * B A x`` is added only to the rows a call marks in ``adapter_rows``; the other rows
+``use_rslora``, ``rank_pattern`` and ``alpha_pattern``) and ``adapter_model.safetensors`` (or ``.bin``) with
+keys ``base_model.model.<module path>.lora_A.weight`` (``[r, in]``) and ``...lora_B.weight`` (``[out, r]``).
+The targets are each layer's attention output projection (``<prefix>.layers.N.self_attn.o_proj``) and MLP
+output projection (``<prefix>.layers.N.mlp.down_proj``), either or both. ``rank_pattern`` / ``alpha_pattern``
+give some modules another rank / alpha than ``r`` / ``lora_alpha`` (e.g. ``{"down_proj": 32}``), matched to
+a module's name as PEFT matches them. The update ``scale * B A x`` (``scale = alpha / r``, or
+``alpha / sqrt(r)`` with rsLoRA) is added only to the rows a call marks in ``adapter_rows``; the other rows
 run exactly the base weights.
 """
 
@@ -11,46 +15,139 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from specframe.errors import CheckpointError
-from specframe.models.config_json import Fields, read_json
+from specframe.models.config_json import Fields, finite_number, read_json
 from specframe.models.layers import LowRankUpdate
 from specframe.models.transformer import DecoderNetwork
 from specframe.models.weights import FiniteCheck, freeze, open_weights
 
-SUPPORTED_TARGETS = ("o_proj",)
+#: The projections an adapter may target: PEFT's module name -> (block of the layer, projection, adapter
+#: attribute of the block).
+TARGETS = {"o_proj": ("self_attn", "o_proj", "o_lora"), "down_proj": ("mlp", "down_proj", "down_lora")}
+SUPPORTED_TARGETS = tuple(TARGETS)
 
 
-def adapter_scale(config: dict, where: str) -> tuple[int, float]:
-    """The rank and scale (``alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA) of a PEFT adapter config.
+@dataclass(frozen=True)
+class AdapterConfig:
+    """What ``adapter_config.json`` says about the adapter's modules.
+
+    Attributes:
+        targets: The targeted modules (keys of :data:`TARGETS`).
+        rank: ``r``, the rank of a module ``rank_pattern`` does not name.
+        alpha: ``lora_alpha``, the alpha of a module ``alpha_pattern`` does not name.
+        rslora: Whether the scale is ``alpha / sqrt(rank)`` (rsLoRA) rather than ``alpha / rank``.
+        rank_pattern: PEFT's per-module ranks (a module name, or a pattern of its name's end, to a rank).
+        alpha_pattern: PEFT's per-module alphas.
+    """
+
+    targets: tuple[str, ...]
+    rank: int
+    alpha: float
+    rslora: bool = False
+    rank_pattern: dict[str, int] = field(default_factory=dict)
+    alpha_pattern: dict[str, float] = field(default_factory=dict)
+
+    def module(self, name: str) -> tuple[int, float, str]:
+        """``(rank, scale, where the rank comes from)`` of the module called ``name`` (its full path).
+
+        A key equal to the name wins; else the first key that, as a regular expression, matches the name's end
+        after a dot (PEFT's rule: ``"down_proj"`` names every layer's ``mlp.down_proj``).
+        """
+        rank_key, alpha_key = _pattern_key(self.rank_pattern, name), _pattern_key(self.alpha_pattern, name)
+        rank = self.rank if rank_key is None else self.rank_pattern[rank_key]
+        alpha = self.alpha if alpha_key is None else self.alpha_pattern[alpha_key]
+        scale = alpha / math.sqrt(rank) if self.rslora else alpha / rank
+        return rank, scale, f"r={rank}" if rank_key is None else f"rank_pattern[{rank_key!r}]={rank}"
+
+
+def _pattern_key(pattern: dict[str, Any], name: str) -> str | None:
+    if name in pattern:
+        return name
+    for key in pattern:
+        try:
+            if re.match(rf"(.*\.)?({key})$", name):
+                return key
+        except re.error:
+            continue
+    return None
+
+
+def read_adapter_config(config: dict, where: str, module_prefix: str = "model") -> AdapterConfig:
+    """The targets, ranks and alphas of a PEFT adapter config.
+
+    A ``target_modules`` entry names a target when it is its name (``"o_proj"``) or, as a regular expression,
+    matches it whole, alone or as the module's path under ``module_prefix`` (PEFT matches a string
+    ``target_modules`` against the whole path, e.g. ``".*(o_proj|down_proj)"``).
+
+    Args:
+        config: The parsed ``adapter_config.json``.
+        where: How to name the adapter in messages.
+        module_prefix: Path of the decoder stack inside the original model (``"encoder"`` for Nemotron).
 
     Raises:
-        CheckpointError: If fields are missing or the adapter targets modules other than ``o_proj``.
+        CheckpointError: If fields are missing or invalid, or the adapter targets modules other than ``o_proj``
+            and ``down_proj``.
     """
     fields = Fields(config, where, "an adapter_config.json written by PEFT is expected")
     rank = fields.int("r")
     alpha = fields.float("lora_alpha")
-    targets = fields.value("target_modules")
-    names = [targets] if isinstance(targets, str) else list(targets or [])
-    unsupported = [t for t in names if t not in SUPPORTED_TARGETS and not re.fullmatch(t, "o_proj")]
-    if not names or unsupported:
-        fields.invalid.append(f"target_modules={targets!r} (only {list(SUPPORTED_TARGETS)} is supported)")
+    listed = fields.value("target_modules")
+    names = [listed] if isinstance(listed, str) else list(listed or [])
+    targets = []
+    for name in names:
+        covered = [t for t in TARGETS if name == t or _names(name, t, module_prefix)]
+        if not covered:
+            fields.invalid.append(
+                f"target_modules entry {name!r} (only {' and '.join(SUPPORTED_TARGETS)} are supported)"
+            )
+        targets += [t for t in covered if t not in targets]
+    if not names:
+        fields.invalid.append(f"target_modules={listed!r} (name o_proj and/or down_proj)")
     if fields.value("bias", "none") != "none":
         fields.invalid.append(f"bias={fields.value('bias')!r} (adapter biases are not supported)")
-    if fields.value("rank_pattern") or fields.value("alpha_pattern"):
-        fields.invalid.append("rank_pattern/alpha_pattern (per-module ranks are not supported)")
+    rank_pattern = _pattern(fields, "rank_pattern", lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0)
+    alpha_pattern = _pattern(fields, "alpha_pattern", lambda v: finite_number(v) and v > 0)
     fields.check()
-    scale = alpha / math.sqrt(rank) if fields.value("use_rslora") else alpha / rank
-    return rank, scale
+    ordered = tuple(t for t in TARGETS if t in targets)
+    return AdapterConfig(ordered, rank, alpha, bool(fields.value("use_rslora")), rank_pattern, alpha_pattern)
+
+
+def _names(pattern: Any, target: str, prefix: str) -> bool:
+    """Whether the ``target_modules`` entry ``pattern`` matches ``target``, alone or as a path under ``prefix``."""
+    try:
+        names = (target, _module_name(prefix, 0, target))
+        return isinstance(pattern, str) and any(re.fullmatch(pattern, name) for name in names)
+    except re.error:
+        return False
+
+
+def _pattern(fields: Fields, key: str, valid: Any) -> dict:
+    """A ``rank_pattern`` / ``alpha_pattern`` dict (empty when absent), its bad entries recorded."""
+    value = fields.value(key) or {}
+    if not isinstance(value, dict):
+        fields.invalid.append(f"{key}={value!r} (expected a dict of module name to value)")
+        return {}
+    bad = {k: v for k, v in value.items() if not valid(v)}
+    if bad:
+        what = "an integer >= 1" if key == "rank_pattern" else "a finite positive number"
+        fields.invalid.append(f"{key} entries {bad!r} (each value must be {what})")
+    return {k: v for k, v in value.items() if k not in bad}
 
 
 def attach_lora(
     network: DecoderNetwork, folder: Path, *, module_prefix: str, device: torch.device, dtype: torch.dtype
 ) -> int:
-    """Load the PEFT adapter in ``folder`` onto the attention output projections of ``network``.
+    """Load the PEFT adapter in ``folder`` onto the ``o_proj`` and/or ``down_proj`` projections of ``network``.
+
+    Each targeted projection of a layer the adapter covers gets a :class:`LowRankUpdate`
+    (``Attention.o_lora``, ``SwiGLU.down_lora``); a layer may carry either or both, but each with both halves.
 
     Args:
         network: The loaded base network.
@@ -60,7 +157,7 @@ def attach_lora(
         dtype: Dtype for the adapter weights.
 
     Returns:
-        How many layers received an adapter.
+        How many layers received an adapter (on either projection).
 
     Raises:
         CheckpointError: If the adapter is missing, malformed, or does not fit the model.
@@ -69,12 +166,14 @@ def attach_lora(
         raise CheckpointError(
             f"no adapter folder {folder}; this checkpoint ships no proposal-only LoRA (drop adapter=True / --adapter)"
         )
-    rank, scale = adapter_scale(read_json(folder / "adapter_config.json", "adapter config"), str(folder))
-    pattern = re.compile(
-        rf"^base_model\.model\.{re.escape(module_prefix)}\.layers\.(\d+)\.self_attn\.o_proj\.lora_([AB])(?:\.default)?\.weight$"
-    )
-    found: dict[int, dict[str, str]] = {}
+    settings = read_json(folder / "adapter_config.json", "adapter config")
+    config = read_adapter_config(settings, str(folder), module_prefix)
     layers = network.body.layers
+    pattern = re.compile(
+        rf"^base_model\.model\.{re.escape(module_prefix)}\.layers\.(\d+)\.(self_attn\.o_proj|mlp\.down_proj)"
+        r"\.lora_([AB])(?:\.default)?\.weight$"
+    )
+    found: dict[tuple[int, str], dict[str, str]] = {}  # (layer, target) -> half -> tensor name
     with open_weights(folder, stem="adapter_model") as source:
         unexpected = []
         for name in source.names():
@@ -82,30 +181,57 @@ def attach_lora(
             if not match or int(match.group(1)) >= len(layers):
                 unexpected.append(name)
                 continue
-            found.setdefault(int(match.group(1)), {})[match.group(2)] = name
+            target = match.group(2).split(".")[1]
+            found.setdefault((int(match.group(1)), target), {})[match.group(3)] = name
         problems = [f"unexpected tensor(s) {', '.join(unexpected[:8])}"] if unexpected else []
-        for index, pair in sorted(found.items()):
-            attn = layers[index].self_attn
-            want = {"A": (rank, attn.o_proj.in_features), "B": (attn.o_proj.out_features, rank)}
-            for half, shape in want.items():
-                if half not in pair:
-                    problems.append(f"layer {index} has no lora_{half}")
-                elif source.shape(pair[half]) != shape:
-                    problems.append(f"{pair[half]} has shape {list(source.shape(pair[half]))}, expected {list(shape)}")
-        if not found:
-            problems.append(f"no o_proj LoRA tensors under base_model.model.{module_prefix}.layers")
+        problems += _fit_problems(config, found, source, layers, module_prefix)
         if problems:
             raise CheckpointError(f"adapter in {folder} does not fit the model: " + "; ".join(problems))
         finite = FiniteCheck(source, f"adapter in {folder}")
         names = [name for pair in found.values() for name in pair.values()]
         loaded = {name: finite.add(name, source.load(name).to(device=device, dtype=dtype)) for name in names}
         finite.check()
-        for index, pair in found.items():
-            attn = layers[index].self_attn
+        for (index, target), pair in found.items():
+            block_name, projection, attribute = TARGETS[target]
+            block = getattr(layers[index], block_name)
+            linear: nn.Linear = getattr(block, projection)
+            rank, scale, _ = config.module(_module_name(module_prefix, index, target))
             with torch.device("meta"):
-                update = LowRankUpdate(attn.o_proj.in_features, attn.o_proj.out_features, rank, scale)
-            tensors = {f"lora_{h}": loaded[n] for h, n in pair.items()}
-            update.load_state_dict(tensors, strict=True, assign=True)
+                update = LowRankUpdate(linear.in_features, linear.out_features, rank, scale)
+            update.load_state_dict({f"lora_{h}": loaded[n] for h, n in pair.items()}, strict=True, assign=True)
             freeze(update.parameters())
-            attn.o_lora = update
-    return len(found)
+            setattr(block, attribute, update)
+    return len({index for index, _ in found})
+
+
+def _module_name(prefix: str, index: int, target: str) -> str:
+    """The targeted module's path in the original model (what PEFT matches its patterns against)."""
+    return f"{prefix}.layers.{index}.{TARGETS[target][0]}.{target}"
+
+
+def _fit_problems(
+    config: AdapterConfig, found: dict[tuple[int, str], dict[str, str]], source: Any, layers: nn.ModuleList, prefix: str
+) -> list[str]:
+    """What keeps the adapter's tensors ``found`` from fitting ``layers`` as ``config`` describes them."""
+    if not found:
+        return [f"no o_proj or down_proj LoRA tensors under base_model.model.{prefix}.layers"]
+    problems = []
+    for target in TARGETS:
+        held = any(t == target for _, t in found)
+        if target in config.targets and not held:
+            problems.append(f"target_modules names {target} but there are no {target} LoRA tensors")
+        elif held and target not in config.targets:
+            problems.append(f"there are {target} LoRA tensors but target_modules does not name {target}")
+    for (index, target), pair in sorted(found.items()):
+        block_name, projection, _ = TARGETS[target]
+        linear: nn.Linear = getattr(getattr(layers[index], block_name), projection)
+        rank, _, origin = config.module(_module_name(prefix, index, target))
+        want = {"A": (rank, linear.in_features), "B": (linear.out_features, rank)}
+        for half, shape in want.items():
+            if half not in pair:
+                problems.append(f"layer {index} {target} has no lora_{half}")
+            elif tuple(source.shape(pair[half])) != shape:
+                problems.append(
+                    f"{pair[half]} has shape {list(source.shape(pair[half]))}, expected {list(shape)} ({origin})"
+                )
+    return problems

@@ -43,6 +43,7 @@ def write_random_checkpoint(
     shards: int = 1,
     weights_format: str = "safetensors",
     lora_rank: int = 0,
+    lora_mlp_rank: int = 0,
     tokenizer: bool = True,
     backbone_config: str = "inline",
     logit_scale: float = 1.0,
@@ -57,7 +58,10 @@ def write_random_checkpoint(
         seed: Seed of the random weights.
         shards: Number of weight files (more than one writes an index, as large Hub models do).
         weights_format: ``"safetensors"`` or ``"bin"`` (``pytorch_model.bin``).
-        lora_rank: For Nemotron, also write a ``linear_spec_lora/`` adapter of this rank (0: none).
+        lora_rank: For Nemotron, also write a ``linear_spec_lora/`` adapter of this rank on ``o_proj`` (0: none).
+        lora_mlp_rank: With ``lora_rank``, the adapter also targets ``down_proj`` with this rank (its
+            ``rank_pattern``; alpha ``2 * lora_mlp_rank`` in ``alpha_pattern``); 0: ``o_proj`` only. The base
+            weights and the ``o_proj`` tensors are those written without it.
         tokenizer: Write a ``tokenizer.json``.
         backbone_config: SetDLM only: where the Qwen3 sizes go (see :func:`~specframe.models.export.write_config`).
         logit_scale: Multiplies every logit the model produces (verifier and drafter alike; the argmax is
@@ -93,7 +97,7 @@ def write_random_checkpoint(
         (folder / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     write_tensors({k: v.to(dtype) for k, v in tensors.items()}, folder, shards=shards, weights_format=weights_format)
     if lora_rank:
-        _write_lora(folder / "linear_spec_lora", dims, lora_rank, generator)
+        _write_lora(folder / "linear_spec_lora", dims, lora_rank, generator, lora_mlp_rank)
     return folder
 
 
@@ -158,7 +162,9 @@ def _draw_order(name: str) -> tuple[float, bool]:
     return (math.inf, False)
 
 
-def _write_lora(folder: Path, dims: Mapping[str, Any], rank: int, generator: torch.Generator) -> None:
+def _write_lora(
+    folder: Path, dims: Mapping[str, Any], rank: int, generator: torch.Generator, mlp_rank: int = 0
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     config = {
         "peft_type": "LORA",
@@ -170,13 +176,24 @@ def _write_lora(folder: Path, dims: Mapping[str, Any], rank: int, generator: tor
         "bias": "none",
         "base_model_name_or_path": "nvidia/Nemotron-Labs-Diffusion-8B",
     }
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     inner = dims["num_attention_heads"] * dims["head_dim"]
     tensors = {}
     for i in range(dims["num_hidden_layers"]):
         key = f"base_model.model.encoder.layers.{i}.self_attn.o_proj"
         tensors[f"{key}.lora_A.weight"] = torch.randn(rank, inner, generator=generator) / math.sqrt(inner)
         tensors[f"{key}.lora_B.weight"] = torch.randn(dims["hidden_size"], rank, generator=generator) / rank
+    if mlp_rank:  # drawn after the o_proj tensors, which stay those of an o_proj-only adapter
+        config |= {
+            "target_modules": ["o_proj", "down_proj"],
+            "rank_pattern": {"down_proj": mlp_rank},
+            "alpha_pattern": {"down_proj": 2 * mlp_rank},
+        }
+        inner = dims["intermediate_size"]
+        for i in range(dims["num_hidden_layers"]):
+            key = f"base_model.model.encoder.layers.{i}.mlp.down_proj"
+            tensors[f"{key}.lora_A.weight"] = torch.randn(mlp_rank, inner, generator=generator) / math.sqrt(inner)
+            tensors[f"{key}.lora_B.weight"] = torch.randn(dims["hidden_size"], mlp_rank, generator=generator) / mlp_rank
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
 
 

@@ -2,9 +2,9 @@
 
 A model converted from an AR checkpoint (``specframe convert``) verifies exactly as the source model, but its
 diffusion mode (MASK rows predicting their own position) was never trained. This module trains the
-proposal-only LoRA on ``o_proj`` (the PEFT layout that :mod:`specframe.models.lora` loads; the adapter runs
-on drafting rows only, so verification, and so every schedule's output, stays the base model's) with the
-base frozen:
+proposal-only LoRA on ``o_proj``, and optionally a second one on the MLP's ``down_proj`` (``mlp_rank``), in
+the PEFT layout that :mod:`specframe.models.lora` loads (the adapters run on drafting rows only, so
+verification, and so every schedule's output, stays the base model's) with the base frozen:
 
 1. **Self-distilled data.** The base model continues a prompt set the project writes
    (:mod:`specframe_training.prompts`) greedily, in batches with a key/value prefix. Greedy verification
@@ -40,6 +40,7 @@ from safetensors.torch import save_file
 
 from specframe.errors import ConfigError
 from specframe.models.layers import LowRankUpdate
+from specframe.models.lora import TARGETS
 from specframe.models.transformer import DecoderNetwork
 from specframe_training.forward import TrainingForward
 
@@ -47,7 +48,7 @@ ADAPTER_FOLDER = "adapter"
 #: Settings a resumed run may change (how long it runs, how often it reports, when it stops).
 _MAY_CHANGE = frozenset({"steps", "eval_every", "save_every", "patience"})
 #: What a run folder written before a setting existed trained with (its settings.json lacks the key).
-_BEFORE = {"near_weight": 1.0, "distill": 0.0, "init_from": None, "patience": 0}
+_BEFORE = {"near_weight": 1.0, "distill": 0.0, "init_from": None, "patience": 0, "mlp_rank": 0, "mlp_alpha": None}
 #: Offsets whose agreement decides when a run has flattened (what Packed-SS verifies).
 _WATCHED = ("2", "3", "4")
 
@@ -61,9 +62,12 @@ class DrafterConfig:
         held_out: Of those, prompts kept for evaluation only.
         new_tokens: Greedy tokens generated per prompt.
         max_prompt_tokens: Longest prompt kept (longer ones are skipped).
-        rank: LoRA rank.
+        rank: LoRA rank (of the adapter on each layer's attention ``o_proj``).
         alpha: LoRA alpha (the update is scaled by ``alpha / rank``); ``None``, the default: ``2 * rank``, so
             that the scale stays 2 whatever the rank.
+        mlp_rank: Rank of a second LoRA, on each layer's MLP ``down_proj`` (saved as PEFT's ``rank_pattern``);
+            0, the default: none.
+        mlp_alpha: Its alpha; ``None``, the default: ``2 * mlp_rank`` (no value without an MLP adapter).
         steps: Optimizer steps.
         batch_size: Windows per step.
         blocks: Drafting blocks per window.
@@ -81,8 +85,9 @@ class DrafterConfig:
         distill: Share of the loss that is the KL divergence from the base model's distribution at the row's
             position (the rest: cross-entropy against its greedy token), so a drafter learns the base model's
             second choices, which decide near-ties, and not its argmax only.
-        init_from: An adapter folder (PEFT layout, ``o_proj``, the same rank) to start from, e.g. the drafter
-            shipped with a model; ``None``: a fresh adapter.
+        init_from: An adapter folder (PEFT layout) to start from, e.g. the drafter shipped with a model;
+            ``None``: fresh adapters. Its ``o_proj`` adapter must have ``rank``; a ``down_proj`` adapter in it
+            must have ``mlp_rank``, and without one a run with ``mlp_rank`` > 0 starts its MLP adapter fresh.
         patience: Stop after this many evaluations without the mean agreement at offsets 2-4 rising by 0.003
             over its best (0: run all ``steps``).
     """
@@ -93,6 +98,8 @@ class DrafterConfig:
     max_prompt_tokens: int = 192
     rank: int = 64
     alpha: float | None = None
+    mlp_rank: int = 0
+    mlp_alpha: float | None = None
     steps: int = 600
     batch_size: int = 4
     blocks: int = 32
@@ -113,6 +120,8 @@ class DrafterConfig:
     def __post_init__(self) -> None:
         if self.alpha is None and isinstance(self.rank, int):
             object.__setattr__(self, "alpha", 2.0 * self.rank)  # frozen: set once, as the default of this rank
+        if self.mlp_alpha is None and isinstance(self.mlp_rank, int) and self.mlp_rank > 0:
+            object.__setattr__(self, "mlp_alpha", 2.0 * self.mlp_rank)
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("int", int) and (isinstance(value, bool) or not isinstance(value, int)):
@@ -145,6 +154,15 @@ class DrafterConfig:
                 raise ConfigError(f"drafter setting {name} must be a number in [0, 1], got {value!r}")
         if self.patience < 0:
             raise ConfigError(f"drafter setting patience must be >= 0, got {self.patience}")
+        if self.mlp_rank < 0:
+            raise ConfigError(f"drafter setting mlp_rank must be >= 0 (0: no MLP adapter), got {self.mlp_rank}")
+        if self.mlp_rank == 0 and self.mlp_alpha is not None:
+            raise ConfigError(
+                f"drafter setting mlp_alpha={self.mlp_alpha!r} needs an MLP adapter: give --set mlp_rank=N too"
+            )
+        value = self.mlp_alpha
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ConfigError(f"drafter setting mlp_alpha must be a number > 0, got {value!r}")
         if self.init_from is not None and not isinstance(self.init_from, str):
             raise ConfigError(f"drafter setting init_from must be an adapter folder path, got {self.init_from!r}")
 
@@ -322,74 +340,140 @@ def drafting_loss(logits: torch.Tensor, base: torch.Tensor, batch: BlockBatch, c
 
 
 # -- the adapter --------------------------------------------------------------------------------------------
-def attach_trainable_lora(network: DecoderNetwork, rank: int, alpha: float, generator: torch.Generator) -> list:
-    """Give every attention ``o_proj`` a fresh trainable LoRA (A random, B zero) and freeze everything else."""
+def attach_trainable_lora(
+    network: DecoderNetwork,
+    rank: int,
+    alpha: float,
+    generator: torch.Generator,
+    mlp_rank: int = 0,
+    mlp_alpha: float | None = None,
+    mlp_generator: torch.Generator | None = None,
+) -> list[torch.nn.Parameter]:
+    """Give every attention ``o_proj`` (and MLP ``down_proj``) a fresh trainable LoRA; freeze everything else.
+
+    A fresh LoRA has A random and B zero, so it changes nothing until it trains.
+
+    Args:
+        network: The network (its adapters are replaced).
+        rank: Rank of the ``o_proj`` adapters.
+        alpha: Their alpha.
+        generator: Draws the ``o_proj`` adapters' A.
+        mlp_rank: Rank of fresh adapters on every MLP ``down_proj`` as well (0: none; any present are removed).
+        mlp_alpha: Their alpha (``None``: ``2 * mlp_rank``).
+        mlp_generator: Draws their A (``None``: ``generator``, after the ``o_proj`` ones); a generator of its own
+            leaves ``generator`` where a run without an MLP adapter leaves it.
+
+    Returns:
+        The trainable parameters: each layer's ``o_proj`` A and B, then each layer's ``down_proj`` A and B.
+    """
     for parameter in network.parameters():
         parameter.requires_grad_(False)
     trainable = []
     for layer in network.body.layers:
-        attn = layer.self_attn
-        update = LowRankUpdate(attn.o_proj.in_features, attn.o_proj.out_features, rank, alpha / rank)
-        bound = 1 / math.sqrt(attn.o_proj.in_features)
-        with torch.no_grad():
-            update.lora_A.uniform_(-bound, bound, generator=generator)  # drawn on the CPU: the same on any device
-        attn.o_lora = update.to(attn.o_proj.weight.device)
-        trainable += [update.lora_A, update.lora_B]
+        layer.self_attn.o_lora = _fresh_update(layer.self_attn.o_proj, rank, alpha, generator)
+        trainable += [layer.self_attn.o_lora.lora_A, layer.self_attn.o_lora.lora_B]
+    down_alpha = 2.0 * mlp_rank if mlp_alpha is None else mlp_alpha
+    mlp_generator = generator if mlp_generator is None else mlp_generator
+    for layer in network.body.layers:
+        layer.mlp.down_lora = None
+        if mlp_rank > 0:
+            layer.mlp.down_lora = _fresh_update(layer.mlp.down_proj, mlp_rank, down_alpha, mlp_generator)
+            trainable += [layer.mlp.down_lora.lora_A, layer.mlp.down_lora.lora_B]
     return trainable
 
 
+def _fresh_update(linear: torch.nn.Linear, rank: int, alpha: float, generator: torch.Generator) -> LowRankUpdate:
+    """A trainable LoRA for ``linear`` on its device: A uniform in +-1/sqrt(in), B zero (no change yet)."""
+    update = LowRankUpdate(linear.in_features, linear.out_features, rank, alpha / rank)
+    bound = 1 / math.sqrt(linear.in_features)
+    with torch.no_grad():
+        update.lora_A.uniform_(-bound, bound, generator=generator)  # drawn on the CPU: the same on any device
+    return update.to(linear.weight.device)
+
+
+def _slots(network: DecoderNetwork) -> list[tuple[str, torch.nn.Module, str]]:
+    """``(target, block, adapter attribute)`` of every adapter place: each layer's ``o_proj``, then ``down_proj``."""
+    return [
+        (target, getattr(layer, block), attribute)
+        for target, (block, _, attribute) in TARGETS.items()
+        for layer in network.body.layers
+    ]
+
+
 def write_adapter(network: DecoderNetwork, folder: Path, config: DrafterConfig, base: str) -> None:
-    """Save the LoRA in the PEFT layout that :func:`specframe.models.lora.attach_lora` reads (bfloat16)."""
+    """Save the LoRA(s) in the PEFT layout that :func:`specframe.models.lora.attach_lora` reads (bfloat16).
+
+    The ``o_proj`` adapter has ``r`` / ``lora_alpha``; an MLP adapter (``config.mlp_rank`` > 0) adds
+    ``down_proj`` to ``target_modules`` and its rank and alpha as ``rank_pattern`` / ``alpha_pattern``.
+    """
     folder.mkdir(parents=True, exist_ok=True)
+    targets = ["o_proj"] + (["down_proj"] if config.mlp_rank else [])
     tensors = {}
     for index, layer in enumerate(network.body.layers):
-        update = layer.self_attn.o_lora
-        stem = f"base_model.model.encoder.layers.{index}.self_attn.o_proj"
-        tensors[f"{stem}.lora_A.weight"] = update.lora_A.detach().cpu().to(torch.bfloat16).contiguous()
-        tensors[f"{stem}.lora_B.weight"] = update.lora_B.detach().cpu().to(torch.bfloat16).contiguous()
+        for target in targets:
+            block, _, attribute = TARGETS[target]
+            update = getattr(getattr(layer, block), attribute)
+            stem = f"base_model.model.encoder.layers.{index}.{block}.{target}"
+            tensors[f"{stem}.lora_A.weight"] = update.lora_A.detach().cpu().to(torch.bfloat16).contiguous()
+            tensors[f"{stem}.lora_B.weight"] = update.lora_B.detach().cpu().to(torch.bfloat16).contiguous()
     save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
     settings = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": config.rank,
         "lora_alpha": config.alpha,
-        "target_modules": ["o_proj"],
+        "target_modules": targets,
         "bias": "none",
         "lora_dropout": 0.0,
         "base_model_name_or_path": base,
     }
+    if config.mlp_rank:
+        settings |= {"rank_pattern": {"down_proj": config.mlp_rank}, "alpha_pattern": {"down_proj": config.mlp_alpha}}
     (folder / "adapter_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
 def start_from_adapter(network: DecoderNetwork, folder: Path, config: DrafterConfig) -> None:
-    """Copy the ``o_proj`` LoRA saved in ``folder`` (PEFT layout) into the network's fresh trainable adapters.
+    """Copy the LoRA(s) saved in ``folder`` (PEFT layout) into the network's fresh trainable adapters.
+
+    The saved ``o_proj`` adapter is required, with ``config.rank``. A saved ``down_proj`` adapter is copied too
+    and needs ``config.mlp_rank``; without one, the fresh MLP adapter (if any) starts as it is (B zero: the
+    network drafts as the saved adapter does).
 
     Raises:
-        ConfigError: If the folder holds no adapter that fits this model with ``config.rank``.
+        ConfigError: If the folder holds no adapter that fits this model with ``config.rank`` and
+            ``config.mlp_rank``.
     """
     from specframe.errors import CheckpointError
     from specframe.models.lora import attach_lora
 
-    fresh = [layer.self_attn.o_lora for layer in network.body.layers]
+    slots = _slots(network)
+    fresh = [getattr(block, attribute) for _, block, attribute in slots]
+    where = f"init_from={str(folder)!r}"
     try:
-        attach_lora(network, folder, module_prefix="encoder", device=fresh[0].lora_A.device, dtype=torch.float32)
+        device = network.body.layers[0].self_attn.o_proj.weight.device
+        attach_lora(network, folder, module_prefix="encoder", device=device, dtype=torch.float32)
     except CheckpointError as exc:
-        raise ConfigError(f"init_from={str(folder)!r}: {exc}") from exc
+        raise ConfigError(f"{where}: {exc}") from exc
     finally:
-        saved = [layer.self_attn.o_lora for layer in network.body.layers]
-        for layer, update in zip(network.body.layers, fresh, strict=True):
-            layer.self_attn.o_lora = update
-    for update, old in zip(fresh, saved, strict=True):
-        if old is update:
-            raise ConfigError(f"init_from={str(folder)!r} has no adapter for every layer of this model")
-        if old.lora_A.shape != update.lora_A.shape:
-            raise ConfigError(
-                f"init_from={str(folder)!r} has rank {old.lora_A.shape[0]}; give --set rank={old.lora_A.shape[0]} "
-                "to start from it"
-            )
-        with torch.no_grad():  # the same update (its scale) B A, whatever this run's alpha: B carries the ratio
-            update.lora_A.copy_(old.lora_A)
-            update.lora_B.copy_(old.lora_B * (old.scale / update.scale))
+        saved = [getattr(block, attribute) for _, block, attribute in slots]
+        for (_, block, attribute), update in zip(slots, fresh, strict=True):
+            setattr(block, attribute, update)
+    for target, setting in (("o_proj", "rank"), ("down_proj", "mlp_rank")):
+        pairs = [(new, old) for (t, _, _), new, old in zip(slots, fresh, saved, strict=True) if t == target]
+        loaded = [(new, old) for new, old in pairs if old is not new]
+        if not loaded and target == "down_proj":
+            continue  # an adapter without an MLP part: this run's MLP adapter, if any, starts fresh
+        if len(loaded) < len(pairs):
+            raise ConfigError(f"{where} has no {target} adapter for every layer of this model")
+        for new, old in loaded:
+            if new is None or old.lora_A.shape != new.lora_A.shape:
+                raise ConfigError(
+                    f"{where} has {target} rank {old.lora_A.shape[0]}; give --set {setting}={old.lora_A.shape[0]} "
+                    "to start from it"
+                )
+            with torch.no_grad():  # the same update (its scale) B A, whatever this run's alpha: B carries the ratio
+                new.lora_A.copy_(old.lora_A)
+                new.lora_B.copy_(old.lora_B * (old.scale / new.scale))
 
 
 def flattened(log_path: Path, patience: int) -> bool:
@@ -487,7 +571,10 @@ def train_drafter(
     data = _self_distilled_data(model, model_folder, forward, config, work / "data.pt", log)
     train_windows, held_out = data["train"], data["held_out"]
     generator = torch.Generator().manual_seed(config.seed)
-    trainable = attach_trainable_lora(network, config.rank, config.alpha, generator)
+    mlp_generator = torch.Generator().manual_seed(config.seed + 1)  # the block sampling stays that of no MLP adapter
+    trainable = attach_trainable_lora(
+        network, config.rank, config.alpha, generator, config.mlp_rank, config.mlp_alpha, mlp_generator
+    )
     if config.init_from is not None:
         start_from_adapter(network, Path(config.init_from), config)
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=0.0)

@@ -1,9 +1,12 @@
-"""``specframe train-drafter``: train the drafter of a converted model (see :mod:`specframe_training.drafter`).
+r"""``specframe train-drafter``: train the drafter of a converted model (see :mod:`specframe_training.drafter`).
 
 Examples::
 
     specframe convert SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2 --dtype float32
     specframe train-drafter models/smollm2 --work-dir runs/drafter --attach
+    # the attached drafter continued, with a rank-32 LoRA on each MLP down_proj as well:
+    specframe train-drafter models/smollm2 --work-dir runs/drafter-mlp --set mlp_rank=32 \
+        --set init_from=models/smollm2/linear_spec_lora
 
 A run resumes from its work folder: after an interruption (Ctrl-C), run the same command again.
 ``--attach`` copies the trained adapter into the model folder and declares it as the model's drafter, so that
@@ -122,7 +125,8 @@ def settings_help(config: type) -> str:
     """The ``--help`` epilog: every setting ``--set`` takes, with its default (``null``: derived, see the docs)."""
     head = (
         "settings (--set FIELD=VALUE, a JSON value; the docs page 'Bring your own model' explains each; alpha null "
-        "means 2 * rank; a resumed run takes only steps, eval_every, save_every and patience anew):"
+        "means 2 * rank; mlp_rank > 0 adds a LoRA on each MLP down_proj, mlp_alpha null meaning 2 * mlp_rank; a "
+        "resumed run takes only steps, eval_every, save_every and patience anew):"
     )
     defaults = ", ".join(f"{f.name}={json.dumps(f.default)}" for f in fields(config))
     return textwrap.fill(head, 79) + "\n" + textwrap.fill(defaults, 79, initial_indent="  ", subsequent_indent="  ")
