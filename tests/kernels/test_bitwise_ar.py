@@ -194,3 +194,23 @@ def test_every_schedule_verifies_with_ar_logits_bitwise_and_outputs_ar(folders, 
         assert len(shared) >= sum(len(o) for o in reference), (schedule, width, len(shared))
         for key in shared:
             assert torch.equal(rows[key], ar_logits[key]), (schedule, width, key[1])
+
+
+def test_beside_block_quantized_weights_the_adapters_run_in_bfloat16_on_drafting_rows_only(folders):
+    """A 4-bit model's adapters stream in bfloat16 (half the bytes); unmarked rows still never run them."""
+    model = _model(folders, NEMOTRON, "float32", "q4_0")
+    plain = load_model(folders[NEMOTRON], dtype="float32", quant="q4_0")
+    ids = torch.randint(0, model.vocab_size, (6,), generator=torch.Generator().manual_seed(3))
+    marked = torch.tensor([False, False, False, True, True, True])
+    call = ModelCall(ids, torch.arange(6), _causal(6), adapter_rows=marked)
+    logits = model.forward(model.new_cache(8), call)
+    base = plain.forward(plain.new_cache(8), call)
+    layers = model.inference.weights.layers
+    assert {t.dtype for layer in layers for adapter in layer.adapters() for t in adapter[:2]} == {torch.bfloat16}
+    assert torch.equal(logits[~marked], base[~marked])
+    assert not torch.allclose(logits[marked], base[marked])  # the adapters do run on drafting rows
+    dense = _model(folders, NEMOTRON, "float32", None)  # beside float32 weights they stay float32
+    dense.forward(dense.new_cache(8), call)
+    assert {t.dtype for layer in dense.inference.weights.layers for a in layer.adapters() for t in a[:2]} == {
+        torch.float32
+    }

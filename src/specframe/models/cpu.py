@@ -174,6 +174,11 @@ class InvariantLinear(Linear):
         """``x @ weight.T`` for ``x`` shaped ``[R, in]``, each row alone in its rounding."""
         return torch.ops.specframe_kernels.linear(x, self.data, self.code, self.out_features)
 
+    @property
+    def quantized(self) -> bool:
+        """Whether the kernel runs block-quantized weights (``q8_0``, ``q4_0``, ``q4_1``)."""
+        return kernels.format_of(self.format).quantized
+
 
 class _Invariant:
     """The projection maker of :class:`InvariantLinear` (quantizing float matrices when asked, once per matrix)."""
