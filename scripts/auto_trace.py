@@ -23,6 +23,7 @@ from specframe.acceptance.base import Verdict
 from specframe.bench.tasks import get_task
 from specframe.ledger import outcome_pairs
 from specframe.models import load_model
+from specframe.models.chat import chat_prompt
 
 
 def traced(decoder):
@@ -65,12 +66,19 @@ def main() -> None:
     parser.add_argument("--schedule", default="packed")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--json", default=None, help="write the per-call trace here")
+    parser.add_argument("--model", default="nemotron-stdlib-tiny", help="a bundled model, a folder or a pulled name")
+    parser.add_argument("--dtype", default=None, help="the model's dtype (default: its own)")
     args = parser.parse_args()
 
-    model = load_model("nemotron-stdlib-tiny")
-    examples = get_task(args.task).load(None)
+    model = load_model(args.model, dtype=args.dtype)
+    task = get_task(args.task)
+    examples = task.load(None)
     if args.limit:
         examples = examples[: args.limit]
+    if task.prompt_template == "chat":  # as bench gives them: through the model's chat template
+        prompts = [chat_prompt(model.tokenizer, ex.prompt, where="the chat task") for ex in examples]
+    else:
+        prompts = [ex.prompt for ex in examples]
     base = {"model": model, "max_new_tokens": args.max_new_tokens}
     methods = {"ar": compose({**base, "schedule": "ar"})}
     methods["auto"] = compose({**base, "schedule": args.schedule, "width": "auto"})
@@ -80,14 +88,14 @@ def main() -> None:
     totals = defaultdict(lambda: [0.0, 0, 0])  # seconds, tokens, calls
     model_s = defaultdict(float)
     for decoder in methods.values():  # warm-up
-        decoder.generate(examples[0].prompt)
+        decoder.generate(prompts[0])
     per_request = []
-    for i, example in enumerate(examples):
+    for i, prompt in enumerate(prompts):
         names = list(methods)
         names = names[i % len(names) :] + names[: i % len(names)]
         for name in names:
             start = len(log)
-            result = methods[name].generate(example.prompt)
+            result = methods[name].generate(prompt)
             m = result.metrics
             totals[name][0] += m.wall_s
             totals[name][1] += m.generated_tokens

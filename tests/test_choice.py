@@ -157,6 +157,32 @@ def test_stats_count_checked_tokens_decay_and_pool_across_requests():
     assert stats.rates()["prefix"][2] == pytest.approx(stats.prior[2])  # recent counts cleared
 
 
+def test_a_request_on_plain_ar_calls_forgets_its_bad_run_as_the_calls_go_by():
+    stats = AcceptanceStats(8)
+    for _ in range(20):  # earlier requests: offset 2 accepted 3 times in 4
+        stats.observe([("prefix", 2)], accepted=int(_ % 4 != 0))
+    stats.start_request()
+    prior = stats.rates()["prefix"][2]
+    for _ in range(6):  # this request's first drafts all fail: it would turn to plain AR calls
+        stats.observe([("prefix", 2)], accepted=0)
+    bad = stats.rates()["prefix"][2]
+    assert bad < 0.4 * prior
+    for _ in range(16):  # a probe's wait of plain AR calls, each checking no draft
+        stats.age()
+    aged = stats.rates()["prefix"][2]
+    assert bad < aged < prior  # back towards what the other requests found, not all the way
+    checked = sum(stats.decay**age for age in range(16, 22))  # the six failures, decayed 16-21 steps
+    assert aged == pytest.approx(stats.weight * prior / (checked + stats.weight))
+
+
+def test_plain_ar_calls_age_the_policy_s_acceptance_evidence():
+    policy = auto_module.WidthPolicy([AR, Candidate("packed", 2)], _rows, size=8, free_bonus=True)
+    policy.stats.observe([("prefix", 2)], accepted=0)
+    before = policy.stats.rates()["prefix"][2]
+    policy.observe_verification([], accepted=0, added=1)  # a plain AR call
+    assert policy.stats.rates()["prefix"][2] > before
+
+
 def test_observed_call_times_replace_predictions_and_scale_the_unseen():
     times = CallTimes(decay=0.5, trust=1.0)
     assert times.correct("packed/w4", 0.01) == 0.01  # nothing seen: the prediction

@@ -189,6 +189,8 @@ class WidthPolicy:
         if chain:
             self.stats.observe(chain, min(accepted, len(chain)))
             self.learning.verified += 1
+        else:
+            self.stats.age()
         if self._expect is not None:
             self.tokens.observe(self.current.label, self._expect, added)
         self._since_refresh += 1

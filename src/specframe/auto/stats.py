@@ -91,12 +91,7 @@ class AcceptanceStats:
         """
         if not chain:
             return
-        self._scale *= self.decay  # every recent count decays: one factor instead of a pass over them
-        if self._scale < 1e-12:
-            for counts in self._recent.values():
-                for column in counts:
-                    column[:] = [value * self._scale for value in column]
-            self._scale = 1.0
+        self.age()
         unit = 1.0 / self._scale
         for rank, (source, offset) in enumerate(chain):
             bucket = min(max(offset, 1), self.size)
@@ -109,6 +104,20 @@ class AcceptanceStats:
             recent[0][bucket] += unit
             for counts in self._totals:
                 counts[source][0][bucket] += 1.0
+
+    def age(self) -> None:
+        """Decay the recent counts by one step (each verification does; so does a call that checked no draft).
+
+        A request that turned to plain AR calls checks nothing, so without ageing the bad run that turned it
+        would stay its estimate until a probe outweighed it; aged per call, it fades back towards the prior
+        (what the other requests found) at the pace it would have faded while drafting.
+        """
+        self._scale *= self.decay  # every recent count decays: one factor instead of a pass over them
+        if self._scale < 1e-12:
+            for counts in self._recent.values():
+                for column in counts:
+                    column[:] = [value * self._scale for value in column]
+            self._scale = 1.0
 
     def _recent_counts(self, source: str) -> tuple[list[float], list[float]]:
         return tuple([value * self._scale for value in column] for column in self._recent[source])
