@@ -183,6 +183,18 @@ def test_plain_ar_calls_age_the_policy_s_acceptance_evidence():
     assert policy.stats.rates()["prefix"][2] > before
 
 
+def test_a_drafter_s_measured_acceptance_sets_where_a_request_starts():
+    def first_pick(acceptance):
+        candidates = [AR, Candidate("packed", 2), Candidate("packed", 4)]
+        policy = auto_module.WidthPolicy(candidates, _rows, size=8, free_bonus=True, acceptance=acceptance)
+        policy.bind(CostModel(1.0, 1 / 32, source="nominal"), deterministic=True)
+        return policy.for_request().choose(0)
+
+    assert first_pick([0.95] * 8).width == 4  # drafts that mostly hold: the widest pays
+    assert first_pick([0.3, 0.1, 0.05]).width <= 2  # drafts that mostly fail: AR, or a trial of the narrowest
+    assert first_pick(None) == first_pick(default_prior(8)[1:])  # the neutral guess, unless measured
+
+
 def test_observed_call_times_replace_predictions_and_scale_the_unseen():
     times = CallTimes(decay=0.5, trust=1.0)
     assert times.correct("packed/w4", 0.01) == 0.01  # nothing seen: the prediction

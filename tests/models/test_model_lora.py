@@ -234,3 +234,41 @@ def test_rank_and_alpha_patterns_are_matched_as_peft_matches_them():
     assert read_adapter_config({**config, "target_modules": "o_proj"}, "here").targets == ("o_proj",)
     with pytest.raises(CheckpointError, match=r"target_modules entry '.\*q_proj'"):
         read_adapter_config({**config, "target_modules": ".*q_proj"}, "here")
+
+
+def _with_acceptance(nemotron_dir, tmp_path, content: str):
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(nemotron_dir, folder)
+    (folder / "linear_spec_lora" / "specframe_acceptance.json").write_text(content, encoding="utf-8")
+    return folder
+
+
+def test_a_drafter_s_measured_acceptance_loads_with_it_and_becomes_width_auto_s_prior(nemotron_dir, tmp_path):
+    from specframe import compose
+    from specframe.auto.stats import FALLOFF, default_prior
+
+    folder = _with_acceptance(nemotron_dir, tmp_path, '{"by_offset": [0.9, 0.7, 0.35]}')
+    assert load_model(folder, dtype="float64", adapter=False).drafter_acceptance is None  # not without its adapter
+    model = load_model(folder, dtype="float64", adapter=True)
+    assert model.drafter_acceptance == (0.9, 0.7, 0.35)
+    cost = {"tau": 1.0, "delta": 0.03}
+    decoder = compose({"model": model, "schedule": "packed", "width": "auto", "max_new_tokens": 4, "cost": cost})
+    decoder.generate(prompt_ids=PREFIX)
+    base = decoder.schedule.learned.base_prior
+    assert base[1:4] == [0.9, 0.7, 0.35] and base[4] == pytest.approx(FALLOFF * 0.35)
+    neutral = compose({"model": load_model(nemotron_dir, dtype="float64", adapter=True), "schedule": "packed",
+                       "width": "auto", "max_new_tokens": 4, "cost": cost})  # fmt: skip
+    neutral.generate(prompt_ids=PREFIX)
+    assert neutral.schedule.learned.base_prior is None
+    assert neutral.schedule.learned.stats.base == default_prior(neutral.schedule.learned.size)
+
+
+@pytest.mark.parametrize(
+    "content", ['{"by_offset": [0.5, 1.5]}', '{"by_offset": []}', '{"by_offset": "0.5"}', '{"by_offset": [NaN]}', "{"]
+)
+def test_a_malformed_acceptance_file_is_refused_by_name(nemotron_dir, tmp_path, content):
+    folder = _with_acceptance(nemotron_dir, tmp_path, content)
+    with pytest.raises(CheckpointError, match="specframe_acceptance.json"):
+        load_model(folder, dtype="float64", adapter=True)

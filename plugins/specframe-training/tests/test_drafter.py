@@ -17,6 +17,7 @@ from specframe import compose
 from specframe.errors import CheckpointError, ConfigError
 from specframe.models import load_model
 from specframe.models.loading import attach_drafter
+from specframe.models.lora import read_acceptance
 
 TEXTS = ("Hi", "What is gravity?", "Write a short paragraph about the ocean and the moon, please.")
 
@@ -148,6 +149,10 @@ def test_training_lowers_the_held_out_drafting_loss(drafter_run):
         assert (work / name).is_file(), name
     data = torch.load(work / "data.pt", weights_only=False)
     assert len(data["held_out"]) == 8 and len(data["train"]) >= 20
+    # the last evaluation's agreement by offset rides with the adapter, as width auto's prior when it loads
+    measured = read_acceptance(work / "adapter")
+    last = summary["last"]["agreement"]
+    assert measured == tuple(round(last[str(d)], 4) for d in range(1, len(last) + 1))
     assert all(len(tokens) - prompt >= 2 for tokens, prompt in data["train"] + data["held_out"])
 
 

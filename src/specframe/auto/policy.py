@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from specframe.auto.costs import CostModel
 from specframe.auto.rates import AR, Candidate, Rates, best, steady_state
-from specframe.auto.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTokens, PooledCounts
+from specframe.auto.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTokens, PooledCounts, measured_prior
 
 #: Calls between two re-estimations of plain AR calls and the widths next to the current pick.
 REFRESH_CALLS = 16
@@ -97,13 +97,16 @@ class WidthPolicy:
         size: Largest draft offset tracked.
         free_bonus: Whether the family scores one extra position after a fully drafted window.
         k: Draft groups of ``kbranch`` candidates.
+        acceptance: The drafter's measured agreement at offsets 1, 2, ... (the model's
+            ``drafter_acceptance``): the prior before any request checked a draft; ``None``: a neutral guess.
     """
 
     def __init__(
         self, candidates: Sequence[Candidate], rows: Callable[[Candidate, int], int], *, size: int,
-        free_bonus: bool, k: int = 2,
+        free_bonus: bool, k: int = 2, acceptance: Sequence[float] | None = None,
     ) -> None:  # fmt: skip
         self.candidates = list(dict.fromkeys(candidates))
+        self.base_prior = None if acceptance is None else measured_prior(acceptance, size)
         self.drafting = [c for c in self.candidates if c.kind != "ar"]
         self.rows, self.size, self.free_bonus, self.k = rows, size, free_bonus, k
         self.cost: CostModel | None = None
@@ -145,7 +148,7 @@ class WidthPolicy:
         """The state of one request, on what the shared learning holds."""
         learning = self.learning
         report = self._report if self.deterministic else None  # shared learning reports itself
-        self.stats = AcceptanceStats(self.size, pooled=learning.pooled, report=report)
+        self.stats = AcceptanceStats(self.size, pooled=learning.pooled, report=report, base=self.base_prior)
         self.tokens, self.times = learning.tokens, learning.times
         #: The latest throughput estimate (tokens per second) of each candidate, by label.
         self.rates: dict[str, float] = {}

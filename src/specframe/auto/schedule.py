@@ -82,19 +82,22 @@ class AutoSchedule(Schedule):
         self._policies: dict[int, WidthPolicy] = {}
         self._offsets: dict[int, tuple[str, int]] = {}
         self._ctx = None
+        self._acceptance: Sequence[float] | None = None
 
     def bind(
-        self, cost: CostModel | Callable[[], CostModel], rows: Callable[[CallPlan], int], *, deterministic: bool = False
-    ) -> None:
+        self, cost: CostModel | Callable[[], CostModel], rows: Callable[[CallPlan], int], *,
+        deterministic: bool = False, acceptance: Sequence[float] | None = None,
+    ) -> None:  # fmt: skip
         """Give the schedule its cost model and the family's row count of a plan (``compose`` does).
 
         Args:
             cost: The cost model, or a function that gets it at first use (calibrating, announced, if needed).
             rows: The rows the family's layout needs for a plan.
             deterministic: Choose from what the request alone determines (see ``WidthPolicy.bind``).
+            acceptance: The drafter's measured agreement by offset, the choice's prior (``None``: neutral).
         """
         self._cost, self._cost_source = (cost, None) if isinstance(cost, CostModel) else (None, cost)
-        self._rows_of_plan, self.deterministic = rows, deterministic
+        self._rows_of_plan, self.deterministic, self._acceptance = rows, deterministic, acceptance
         self.policy = None
         self._rows.clear()
         self._policies.clear()
@@ -215,7 +218,7 @@ class AutoSchedule(Schedule):
         template = self._policies.get(ctx.width + 1)
         if template is None:
             template = WidthPolicy(candidates, self._row_count, size=ctx.width + 1, free_bonus=ctx.traits.free_bonus,
-                                   k=self.k)  # fmt: skip
+                                   k=self.k, acceptance=self._acceptance)  # fmt: skip
             template.bind(self.cost, deterministic=self.deterministic)
             self._policies[ctx.width + 1] = template
         self.policy = template.for_request()

@@ -73,7 +73,8 @@ def resolve(
         cost = CostModel.from_mapping(cost)
     if cost is None:
         cost = NOMINAL_COST if deterministic else lambda: cost_model_for(model)
-    schedule.bind(cost, lambda plan: builder.build(plan).num_rows, deterministic=deterministic)
+    acceptance = getattr(model, "drafter_acceptance", None)  # measured when the drafter was trained, if shipped
+    schedule.bind(cost, lambda plan: builder.build(plan).num_rows, deterministic=deterministic, acceptance=acceptance)
     return schedule, decoder_width
 
 

@@ -34,6 +34,17 @@ def default_prior(size: int) -> list[float]:
     return [max(0.2, 0.5 - 0.03 * max(d - 1, 0)) for d in range(size + 1)]
 
 
+def measured_prior(by_offset: Sequence[float], size: int) -> list[float]:
+    """The prior of offsets ``0 .. size`` from a drafter's measured agreement at offsets 1, 2, ...
+
+    Offsets beyond the measured ones fall by :data:`FALLOFF` per offset from the last one measured.
+    """
+    out = [0.5]  # offset 0 is never drafted
+    for d in range(1, size + 1):
+        out.append(float(by_offset[d - 1]) if d <= len(by_offset) else FALLOFF * out[-1])
+    return out
+
+
 #: Accepted and checked draft tokens by offset, per draft source.
 PooledCounts = dict[str, tuple[list[float], list[float]]]
 
@@ -55,13 +66,18 @@ class AcceptanceStats:
         decay: Factor applied to the recent counts at each verification (0 < decay <= 1).
         pooled: The pooled counts to read the prior from and add to (a fresh record by default).
         report: Pooled counts kept for reports only (:meth:`describe`, :meth:`checked`); ``pooled`` by default.
+        base: The acceptance by offset ``0 .. size`` assumed before any request checked a draft:
+            :func:`default_prior` unless given (:func:`measured_prior` of the drafter's measured agreement).
     """
 
     def __init__(
         self, size: int, *, weight: float = 3.0, decay: float = 0.97, pooled: PooledCounts | None = None,
-        report: PooledCounts | None = None,
+        report: PooledCounts | None = None, base: Sequence[float] | None = None,
     ) -> None:  # fmt: skip
         self.size, self.weight, self.decay = size, weight, decay
+        self.base = list(base) if base is not None else default_prior(size)
+        if len(self.base) != size + 1:
+            raise ValueError(f"a prior of offsets 0..{size} has {size + 1} values, got {len(self.base)}")
         self._pooled = self.pooled_record(size) if pooled is None else pooled
         self._report = self._pooled if report is None else report
         # Where each check is counted (never decayed): the pooled counts, and the report's when it is apart.
@@ -80,7 +96,7 @@ class AcceptanceStats:
 
     def refresh_prior(self) -> None:
         """Make the pooled prefix estimate so far the prior (what requests learning together found since)."""
-        self.prior = self._blend(*self._pooled["prefix"], default_prior(self.size), falloff=True)
+        self.prior = self._blend(*self._pooled["prefix"], self.base, falloff=True)
 
     def observe(self, chain: Sequence[tuple[str, int]], accepted: int) -> None:
         """Record one verification.

@@ -78,6 +78,10 @@ class ModelBackend:
         head_dim: Size of one attention head.
         tokenizer: Tokenizer, or ``None`` if the checkpoint ships none (then only token ids can be decoded).
         has_adapter: Whether a proposal-only adapter (LoRA) is loaded.
+        drafter_acceptance: How often the loaded drafter's proposals agreed with the model, by draft offset
+            1, 2, ... (measured on held-out text when it was trained, shipped beside the adapter as
+            ``specframe_acceptance.json``), or ``None``. Width ``auto`` starts each request's estimate from it
+            instead of a neutral guess.
         num_parameters: The network's parameter count, which sizes the CPU thread policy
             (:mod:`specframe.models.threads`: one thread per 64M parameters, at most the free cores). ``None``
             (the default): counted from the ``torch.nn.Module`` parameters of the backend or of the modules
@@ -97,6 +101,7 @@ class ModelBackend:
     head_dim: int = 0
     tokenizer: TextTokenizer | None = None
     has_adapter: bool = False
+    drafter_acceptance: tuple[float, ...] | None = None
     num_parameters: int | None = None
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32

@@ -235,3 +235,30 @@ def _fit_problems(
                     f"{pair[half]} has shape {list(source.shape(pair[half]))}, expected {list(shape)} ({origin})"
                 )
     return problems
+
+
+ACCEPTANCE_FILE = "specframe_acceptance.json"
+"""Beside an adapter: ``{"by_offset": [q1, q2, ...]}``, how often its drafts at offsets 1, 2, ... agreed with the
+model on held-out text (``train-drafter`` writes it from its last evaluation)."""
+
+
+def read_acceptance(folder: Path) -> tuple[float, ...] | None:
+    """The drafter's measured agreement by draft offset from ``folder``'s :data:`ACCEPTANCE_FILE`, if it has one.
+
+    Raises:
+        CheckpointError: If the file is there but is not a list of shares in [0, 1] under ``by_offset``.
+    """
+    path = folder / ACCEPTANCE_FILE
+    if not path.is_file():
+        return None
+    values = read_json(path, "drafter acceptance").get("by_offset")
+    if (
+        not isinstance(values, list)
+        or not values
+        or not all(finite_number(v) and 0.0 <= v <= 1.0 for v in values)
+    ):
+        raise CheckpointError(
+            f"{path}: by_offset must be a non-empty list of shares in [0, 1] (a draft's agreement at offsets 1, "
+            f"2, ...), got {values!r}; fix or delete the file (width auto then starts from a neutral guess)"
+        )
+    return tuple(float(v) for v in values)

@@ -37,7 +37,7 @@ from specframe.models.config_json import (
 )
 from specframe.models.hub import ADAPTER_FOLDER
 from specframe.models.loading import Checkpoint
-from specframe.models.lora import attach_lora
+from specframe.models.lora import attach_lora, read_acceptance
 from specframe.models.tokenizer import HubTokenizer, load_tokenizer
 from specframe.models.transformer import DecoderBackend, NetworkConfig, SpecialTokens
 from specframe.models.weights import KeyLayout, TensorSource
@@ -121,6 +121,7 @@ def load(ckpt: Checkpoint, *, adapter: bool | str | os.PathLike[str] = False) ->
         folder = ckpt.folder / ADAPTER_FOLDER if adapter is True else Path(adapter)
         attach_lora(model.network, folder, module_prefix="encoder", device=ckpt.device, dtype=ckpt.dtype)
         model.has_adapter = True
+        model.drafter_acceptance = read_acceptance(folder)
     return model
 
 

@@ -40,7 +40,7 @@ from safetensors.torch import save_file
 
 from specframe.errors import ConfigError
 from specframe.models.layers import LowRankUpdate
-from specframe.models.lora import TARGETS
+from specframe.models.lora import ACCEPTANCE_FILE, TARGETS
 from specframe.models.transformer import DecoderNetwork
 from specframe_training.forward import TrainingForward
 
@@ -432,6 +432,20 @@ def write_adapter(network: DecoderNetwork, folder: Path, config: DrafterConfig, 
     (folder / "adapter_config.json").write_text(json.dumps(settings, indent=2), encoding="utf-8")
 
 
+def write_acceptance(folder: Path, evaluation: dict[str, Any], sequences: int) -> None:
+    """Write the adapter's measured agreement by offset beside it (width ``auto``'s prior when it is loaded).
+
+    Args:
+        folder: The adapter folder.
+        evaluation: A log entry with ``agreement`` by offset (``"1"``, ``"2"``, ...) and ``step``.
+        sequences: The held-out sequences it was measured on.
+    """
+    agreement = evaluation["agreement"]
+    by_offset = [round(float(agreement[str(d)]), 4) for d in range(1, len(agreement) + 1)]
+    record = {"by_offset": by_offset, "step": evaluation.get("step"), "held_out_sequences": sequences}
+    (folder / ACCEPTANCE_FILE).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+
+
 def start_from_adapter(network: DecoderNetwork, folder: Path, config: DrafterConfig) -> None:
     """Copy the LoRA(s) saved in ``folder`` (PEFT layout) into the network's fresh trainable adapters.
 
@@ -635,6 +649,7 @@ def train_drafter(
     log_file.close()
     write_adapter(network, work / ADAPTER_FOLDER, config, str(model_folder))
     final = [json.loads(line) for line in (work / "log.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    write_acceptance(work / ADAPTER_FOLDER, final[-1], len(held_out))
     summary = {
         "model": str(model_folder),
         "steps": step,
