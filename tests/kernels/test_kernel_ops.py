@@ -231,3 +231,20 @@ def test_adapt_changes_marked_rows_only_each_alone(variant, dtype):
     assert torch.equal(torch.ops.specframe_kernels.adapt(projected, x, a, b, 2.0, none), projected)
     with pytest.raises(RuntimeError, match="shapes do not fit"):
         torch.ops.specframe_kernels.adapt(projected, x, b, a, 2.0, marked)
+
+
+@pytest.mark.parametrize("adapter_dtype", [torch.float32, torch.bfloat16])
+def test_adapt_gives_the_dense_kernel_s_products_bitwise_for_float32_rows(variant, adapter_dtype):
+    """The update of float32 rows is the two products by ``linear`` (bfloat16 adapters beside 4-bit weights)."""
+    generator = torch.Generator().manual_seed(5)
+    rows, inner, rank, out = 6, 576, 64, 40
+    x, projected = torch.randn(rows, inner, generator=generator), torch.randn(rows, out, generator=generator)
+    a = (torch.randn(rank, inner, generator=generator) / 10).to(adapter_dtype)
+    b = (torch.randn(out, rank, generator=generator) / 10).to(adapter_dtype)
+    marked = torch.tensor([False, False, False, True, True, True])
+    got = torch.ops.specframe_kernels.adapt(projected, x, a, b, 2.0, marked)
+    code = kernels.format_of("f32" if adapter_dtype == torch.float32 else "bf16").code
+    linear = torch.ops.specframe_kernels.linear
+    update = linear(linear(x[marked], a, code, rank), b, code, out)
+    assert torch.equal(got[marked], projected[marked] + update * 2.0)
+    assert torch.equal(got[~marked], projected[~marked])

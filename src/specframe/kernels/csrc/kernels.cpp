@@ -421,18 +421,41 @@ at::Tensor adapt(const at::Tensor& projected, const at::Tensor& x, const at::Ten
               "specframe_kernels::adapt: a and b must both be float32 or both bfloat16");
   TORCH_CHECK(projected.scalar_type() == at::kFloat || projected.scalar_type() == at::kBFloat16,
               "specframe_kernels::adapt: projected must be float32 or bfloat16");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "specframe_kernels::adapt: x must be float32 or bfloat16");
   at::Tensor out = projected.contiguous().clone();
   const at::Tensor marked = rows.contiguous();
   std::vector<int64_t> picked;
   for (int64_t r = 0; r < R; ++r)
     if (marked.data_ptr<bool>()[r]) picked.push_back(r);
   if (picked.empty()) return out;
+  // The marked rows' two small products run here, on this thread, by the dense kernels' own per-output code
+  // (the same bits as specframe_kernels::linear, which only splits the outputs among threads): a parallel
+  // region for a [rows, 64] product costs more to open than to run (about 20 us a layer on a 2-core EPYC).
   const int64_t M = (int64_t)picked.size();
-  const at::Tensor index = at::from_blob(picked.data(), {M}, at::kLong).clone();
-  const int64_t format = a.scalar_type() == at::kFloat ? FORMAT_F32 : FORMAT_BF16;
-  const at::Tensor inner = linear(x.index_select(0, index).to(at::kFloat).contiguous(), a.contiguous(), format, rank);
-  const at::Tensor update = linear(inner, b.contiguous(), format, N);  // float32 [M, N]
-  const float* u = update.data_ptr<float>();
+  const at::Tensor xc = x.contiguous();
+  std::vector<float> xs(M * K), inner(M * rank), update_rows(M * N);
+  for (int64_t i = 0; i < M; ++i) {
+    float* row = xs.data() + i * K;
+    if (xc.scalar_type() == at::kFloat) {
+      std::memcpy(row, xc.data_ptr<float>() + picked[i] * K, K * sizeof(float));
+    } else {
+      const at::BFloat16* from = xc.data_ptr<at::BFloat16>() + picked[i] * K;
+      for (int64_t k = 0; k < K; ++k) row[k] = float(from[k]);
+    }
+  }
+  const at::Tensor ac = a.contiguous(), bc = b.contiguous();
+  const Variant& v = variant();
+  if (a.scalar_type() == at::kFloat) {
+    v.dense_f32(xs.data(), M, K, ac.data_ptr<float>(), rank, inner.data(), 0, rank);
+    v.dense_f32(inner.data(), M, rank, bc.data_ptr<float>(), N, update_rows.data(), 0, N);
+  } else {
+    v.dense_bf16(xs.data(), M, K, reinterpret_cast<const uint16_t*>(ac.data_ptr<at::BFloat16>()), rank, inner.data(),
+                 0, rank);
+    v.dense_bf16(inner.data(), M, rank, reinterpret_cast<const uint16_t*>(bc.data_ptr<at::BFloat16>()), N,
+                 update_rows.data(), 0, N);
+  }
+  const float* u = update_rows.data();
   const float s = (float)scale;
   for (int64_t i = 0; i < M; ++i) {
     const int64_t r = picked[i];
