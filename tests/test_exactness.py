@@ -265,7 +265,8 @@ def test_generate_many_equals_decoding_each_request_alone(models, family, schedu
             if schedule != "auto":  # auto's choices (not its output) carry over between requests decoded alone
                 assert [g.metrics.rows_per_call for g in batched] == [g.metrics.rows_per_call for g in alone]
             for g in batched:
-                assert len(g.metrics.batch_rows) == g.metrics.nfe
+                assert len(g.metrics.batch_rows) == len(g.metrics.call_s) == g.metrics.nfe
+                assert sum(g.metrics.call_s) == pytest.approx(g.metrics.model_s)  # each forward's time, once
                 assert all(b >= r for b, r in zip(g.metrics.batch_rows, g.metrics.rows_per_call, strict=True))
     if schedule != "native":  # (whose output is not the AR model's)
         assert len({g.stop_reason for g in alone}) == 3  # requests end for every reason, at different steps

@@ -557,6 +557,7 @@ class Stepper:
         metrics.nfe += 1
         metrics.rows_per_call.append(call.num_rows)
         metrics.batch_rows.append(call.num_rows if batch_rows is None else batch_rows)
+        metrics.call_s.append(seconds)
         if isinstance(call, PrefillCall):  # a chunk of the prompt: cached as it is, nothing to judge
             metrics.choices.append(("prefill", 0))
             metrics.prompt_calls.append(metrics.nfe)  # the prompt's call is the one after its chunks

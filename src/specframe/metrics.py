@@ -50,6 +50,8 @@ class Metrics:
         batch_rows: Per call, the rows of the forward that evaluated it: all requests' rows of a batched
             forward (:meth:`~specframe.decoder.Decoder.generate_many`), the call's own rows alone. A batched
             forward's whole time counts as each of its requests' model time.
+        call_s: Per call, the seconds of the forward that evaluated it (they add up to ``model_s``), so that
+            what a method's calls cost can be read by their rows and their choice.
     """
 
     nfe: int = 0
@@ -61,6 +63,7 @@ class Metrics:
     prompt_calls: list[int] = field(default_factory=lambda: [0])
     choices: list[tuple[str, int]] = field(default_factory=list)
     batch_rows: list[int] = field(default_factory=list)
+    call_s: list[float] = field(default_factory=list)
 
     @classmethod
     def merge(cls, parts: Iterable[Metrics]) -> Metrics:
@@ -80,6 +83,7 @@ class Metrics:
             pooled.model_s += part.model_s
             pooled.choices.extend(part.choices)
             pooled.batch_rows.extend(part.batch_rows)
+            pooled.call_s.extend(part.call_s)
         return pooled
 
     @property
@@ -165,6 +169,7 @@ class Metrics:
             "rows_per_call_max": self.rows_per_call_max,
             "rows_per_call": list(self.rows_per_call),
             "batch_rows": list(self.batch_rows),
+            "call_s": [round(s, 7) for s in self.call_s],
             "accept_lengths": self.accept_lengths,
             "wall_s": self.wall_s,
             "model_s": self.model_s,
