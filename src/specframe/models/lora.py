@@ -192,16 +192,21 @@ def attach_lora(
         loaded = {name: finite.add(name, source.load(name).to(device=device, dtype=dtype)) for name in names}
         finite.check()
         for (index, target), pair in found.items():
-            block_name, projection, attribute = TARGETS[target]
-            block = getattr(layers[index], block_name)
-            linear: nn.Linear = getattr(block, projection)
+            block, linear = _projection(layers, index, target)
             rank, scale, _ = config.module(_module_name(module_prefix, index, target))
             with torch.device("meta"):
                 update = LowRankUpdate(linear.in_features, linear.out_features, rank, scale)
             update.load_state_dict({f"lora_{h}": loaded[n] for h, n in pair.items()}, strict=True, assign=True)
             freeze(update.parameters())
-            setattr(block, attribute, update)
+            setattr(block, TARGETS[target][2], update)
     return len({index for index, _ in found})
+
+
+def _projection(layers: nn.ModuleList, index: int, target: str) -> tuple[nn.Module, nn.Linear]:
+    """The block of layer ``index`` that holds ``target`` (where its adapter goes), and the projection itself."""
+    block_name, projection, _ = TARGETS[target]
+    block = getattr(layers[index], block_name)
+    return block, getattr(block, projection)
 
 
 def _module_name(prefix: str, index: int, target: str) -> str:
@@ -223,8 +228,7 @@ def _fit_problems(
         elif held and target not in config.targets:
             problems.append(f"there are {target} LoRA tensors but target_modules does not name {target}")
     for (index, target), pair in sorted(found.items()):
-        block_name, projection, _ = TARGETS[target]
-        linear: nn.Linear = getattr(getattr(layers[index], block_name), projection)
+        _, linear = _projection(layers, index, target)
         rank, _, origin = config.module(_module_name(prefix, index, target))
         want = {"A": (rank, linear.in_features), "B": (linear.out_features, rank)}
         for half, shape in want.items():
