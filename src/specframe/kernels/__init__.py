@@ -10,7 +10,9 @@ Operators (``torch.ops.specframe_kernels``): ``linear(x, weight, format, out_fea
 bfloat16, Q8_0, Q4_0 and Q4_1 weights (:mod:`specframe.kernels.quant`), and ``attention(q, keys, values,
 visible, scale, rows=None)``, where each (row, head) reduces over its visible keys in key order (key ``j`` at
 row ``rows[j]`` of a paged cache's blocks when a row map is given, read in place), and
-``rms_norm(x, weight, eps)``, ``silu_mul(gate_up)`` and ``rope(x, cos, sin)``, each row alone. All are
+``rms_norm(x, weight, eps)``, ``silu_mul(gate_up)`` and ``rope(x, cos, sin)``, each row alone, and
+``decode_layers(...)``, which runs a model's decoder layers by those operators in one call
+(:class:`specframe.models.forward.LayerProgram` builds its arguments). All are
 ``torch.library``
 operators, so compiled graphs call them too. They are built on first use (:mod:`specframe.kernels.build`);
 where they cannot be, :func:`unavailable_reason` says why and models run torch's kernels.

@@ -179,6 +179,11 @@ class InvariantLinear(Linear):
         """Whether the kernel runs block-quantized weights (``q8_0``, ``q4_0``, ``q4_1``)."""
         return kernels.format_of(self.format).quantized
 
+    @property
+    def operator(self) -> tuple[torch.Tensor, int, int]:
+        """``(data, format code, out_features)``: the arguments of ``specframe_kernels::linear``."""
+        return self.data, self.code, self.out_features
+
 
 class _Invariant:
     """The projection maker of :class:`InvariantLinear` (quantizing float matrices when asked, once per matrix)."""

@@ -552,6 +552,85 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
+// A run of decoder layers over a call's rows, each layer exactly the operators above in the order the Python step
+// calls them (so the same bits), without a trip through Python and the dispatcher for each of the ~15
+// operators of a layer: on a 1-row call of a small model those trips cost about as much as the attention.
+// Per layer, `weights` holds 11 entries (input norm, post norm, qkv, o, gate_up, down, the qkv bias, the o
+// adapter's a and b, the down adapter's a and b; the optional ones undefined when absent), `codes` 8 (format and
+// output features of qkv, o, gate_up and down) and `scales` 2 (the adapters' scales). Each request (segment)
+// has its own cache buffers ([layers, capacity, kv, dim]), its rows' cache slots (`starts`, or a slot tensor
+// for a paged cache), its [rows, span] visible mask and, for a paged cache, its key row map. `query_scale`
+// ([rows], Llama 4's position-dependent query scaling) multiplies the queries after RoPE, as the step does.
+constexpr int64_t LAYER_TENSORS = 11, LAYER_CODES = 8, LAYER_SCALES = 2;
+
+at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optional<at::Tensor>>& weights,
+                         at::IntArrayRef codes, at::ArrayRef<double> scales, const at::Tensor& cos, const at::Tensor& sin,
+                         at::TensorList keys, at::TensorList values, at::IntArrayRef starts,
+                         const std::vector<c10::optional<at::Tensor>>& slots, at::TensorList visible,
+                         const std::vector<c10::optional<at::Tensor>>& row_maps, at::IntArrayRef sizes, double eps,
+                         double softmax_scale, const c10::optional<at::Tensor>& adapter_rows,
+                         const c10::optional<at::Tensor>& query_scale) {
+  const int64_t layers = (int64_t)weights.size() / LAYER_TENSORS, segments = (int64_t)keys.size();
+  TORCH_CHECK((int64_t)weights.size() == layers * LAYER_TENSORS && (int64_t)codes.size() == layers * LAYER_CODES &&
+                  (int64_t)scales.size() == layers * LAYER_SCALES,
+              "specframe_kernels::decode_layers: weights, codes and scales must hold 11, 8 and 2 entries a layer");
+  TORCH_CHECK((int64_t)values.size() == segments && (int64_t)starts.size() == segments &&
+                  (int64_t)slots.size() == segments && (int64_t)visible.size() == segments &&
+                  (int64_t)row_maps.size() == segments && segments > 0,
+              "specframe_kernels::decode_layers: keys, values, starts, slots, visible and row_maps need one entry a "
+              "request");
+  TORCH_CHECK(sizes.size() == 3, "specframe_kernels::decode_layers: sizes must be [heads, kv_heads, head_dim]");
+  const int64_t H = sizes[0], KV = sizes[1], D = sizes[2], R = input.size(0);
+  std::vector<int64_t> first(segments + 1, 0);
+  for (int64_t s = 0; s < segments; ++s) first[s + 1] = first[s] + visible[s].size(0);
+  TORCH_CHECK(first[segments] == R, "specframe_kernels::decode_layers: the requests' masks hold ", first[segments],
+              " rows, the call ", R);
+  const bool adapted = adapter_rows.has_value() && adapter_rows->defined();
+  const auto tensor = [&](int64_t layer, int64_t item) -> const c10::optional<at::Tensor>& {
+    return weights[layer * LAYER_TENSORS + item];
+  };
+  const auto project = [&](const at::Tensor& x, int64_t layer, int64_t which) {
+    return linear(x, *tensor(layer, 2 + which), codes[layer * LAYER_CODES + 2 * which],
+                  codes[layer * LAYER_CODES + 2 * which + 1]);
+  };
+  const auto adapt_if = [&](const at::Tensor& projected, const at::Tensor& x, int64_t layer, int64_t which) {
+    const auto& a = tensor(layer, 7 + 2 * which);
+    if (!adapted || !a.has_value() || !a->defined()) return projected;
+    return adapt(projected, x, *a, *tensor(layer, 8 + 2 * which), scales[layer * LAYER_SCALES + which], *adapter_rows);
+  };
+  at::Tensor x = input;
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    at::Tensor qkv = project(rms_norm(x, *tensor(layer, 0), eps), layer, 0);
+    const auto& bias = tensor(layer, 6);
+    if (bias.has_value() && bias->defined()) qkv = at::add(qkv, *bias);
+    qkv = qkv.view({R, H + 2 * KV, D});
+    const at::Tensor qk = rope(qkv.narrow(1, 0, H + KV), cos, sin);
+    at::Tensor q = qk.narrow(1, 0, H);
+    if (query_scale.has_value() && query_scale->defined()) q = at::mul(q, query_scale->reshape({R, 1, 1}));
+    std::vector<at::Tensor> outs;
+    for (int64_t s = 0; s < segments; ++s) {
+      const int64_t rows = first[s + 1] - first[s];
+      const at::Tensor k = qk.narrow(0, first[s], rows).narrow(1, H, KV);
+      const at::Tensor v = qkv.narrow(0, first[s], rows).narrow(1, H + KV, KV);
+      const at::Tensor layer_keys = keys[s].select(0, layer), layer_values = values[s].select(0, layer);
+      if (slots[s].has_value() && slots[s]->defined()) {
+        layer_keys.index_copy_(0, *slots[s], k);
+        layer_values.index_copy_(0, *slots[s], v);
+      } else {
+        layer_keys.narrow(0, starts[s], rows).copy_(k);
+        layer_values.narrow(0, starts[s], rows).copy_(v);
+      }
+      outs.push_back(
+          attention(q.narrow(0, first[s], rows), layer_keys, layer_values, visible[s], softmax_scale, row_maps[s]));
+    }
+    const at::Tensor attended = segments == 1 ? outs[0] : at::cat(outs);
+    x = at::add(x, adapt_if(project(attended, layer, 1), attended, layer, 0));
+    const at::Tensor inner = silu_mul(project(rms_norm(x, *tensor(layer, 1), eps), layer, 2));
+    x = at::add(x, adapt_if(project(inner, layer, 3), inner, layer, 1));
+  }
+  return x;
+}
+
 std::vector<std::string> variant_names() {
   std::vector<std::string> out;
   for (int index : supported()) out.emplace_back(VARIANTS[index].name);
@@ -580,6 +659,9 @@ TORCH_LIBRARY(specframe_kernels, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor");
   m.def("rope(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("adapt(Tensor projected, Tensor x, Tensor a, Tensor b, float scale, Tensor rows) -> Tensor");
+  m.def("decode_layers(Tensor x, Tensor?[] weights, int[] codes, float[] scales, Tensor cos, Tensor sin, "
+        "Tensor(a!)[] keys, Tensor(b!)[] values, int[] starts, Tensor?[] slots, Tensor[] visible, Tensor?[] row_maps, "
+        "int[] sizes, float eps, float softmax_scale, Tensor? adapter_rows, Tensor? query_scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specframe_kernels, CPU, m) {
@@ -589,6 +671,7 @@ TORCH_LIBRARY_IMPL(specframe_kernels, CPU, m) {
   m.impl("silu_mul", &silu_mul);
   m.impl("rope", &rope);
   m.impl("adapt", &adapt);
+  m.impl("decode_layers", &decode_layers);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, module) {
