@@ -33,8 +33,11 @@ SWITCH = "SPECFRAME_KERNELS"
 
 SOURCES = Path(__file__).with_name("csrc")
 _FILES = ("kernels.cpp", "simd.inc")
-_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"]
-# -ffp-contract=off: no a*b+c is fused unless the code says so, so that every tile of a kernel rounds alike
+_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"]
+# -ffp-contract=off: no a*b+c is fused unless the code says so, so that every tile of a kernel rounds alike.
+# -fopenmp: at::parallel_for is a header template whose OpenMP build is a `#pragma omp parallel`; compiled
+# without it the pragma is dropped and every "parallel" loop runs on the calling thread alone. The library
+# links libgomp.so.1, which resolves to the copy torch has already loaded (one OpenMP runtime, one pool).
 
 _reason: str | None = None
 
@@ -77,6 +80,7 @@ def load() -> ModuleType | None:
             name=f"specframe_kernels_{digest}",
             sources=[str(SOURCES / "kernels.cpp")],
             extra_cflags=_FLAGS,
+            extra_ldflags=["-fopenmp"],
             extra_include_paths=[str(SOURCES)],
             build_directory=str(folder),
             verbose=False,

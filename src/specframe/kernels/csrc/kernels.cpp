@@ -18,6 +18,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include <atomic>
+#include <thread>
 
 namespace {
 
@@ -40,6 +42,25 @@ inline uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+
+// ---- rows shared by the operators and the team path of decode_layers (one code, so one rounding) -----------
+// RMSNorm of a float32 row: the sum of squares in index order, then weight * (x / rms).
+inline void norm_row(const float* row, const float* w, int64_t H, float eps, float* o) {
+  float squares = 0.0f;
+  for (int64_t h = 0; h < H; ++h) squares += row[h] * row[h];
+  const float inverse = 1.0f / std::sqrt(squares / (float)H + eps);
+  for (int64_t h = 0; h < H; ++h) o[h] = w[h] * (row[h] * inverse);
+}
+
+// RoPE of one head's row: x cos + rotate_half(x) sin, a multiply, a multiply and an add per element.
+inline void rope_row(const float* row, const float* cr, const float* sr, int64_t D, float* o) {
+  const int64_t half = D / 2;
+  for (int64_t i = 0; i < D; ++i) {
+    const float turned = i < half ? row[i + half] : row[i - half];
+    const float a = row[i] * cr[i], b = turned * sr[i];
+    o[i] = a + b;
+  }
+}
 
 // ---- the portable path: plain C++, the same reduction order at every row count -----------------------------
 namespace portable {
@@ -500,12 +521,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
         const at::BFloat16* w = wc.data_ptr<at::BFloat16>();
         for (int64_t h = 0; h < H; ++h) o[h] = at::BFloat16(float(w[h]) * float(at::BFloat16(float(row[h]) * inverse)));
       } else {
-        const float* row = xc.data_ptr<float>() + r * H;
-        for (int64_t h = 0; h < H; ++h) squares += row[h] * row[h];
-        const float inverse = 1.0f / std::sqrt(squares / (float)H + (float)eps);
-        float* o = out.data_ptr<float>() + r * H;
-        const float* w = wc.data_ptr<float>();
-        for (int64_t h = 0; h < H; ++h) o[h] = w[h] * (row[h] * inverse);
+        norm_row(xc.data_ptr<float>() + r * H, wc.data_ptr<float>(), H, (float)eps, out.data_ptr<float>() + r * H);
       }
     }
   });
@@ -530,7 +546,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 // element by a multiply, a multiply and an add (float32 for bfloat16 rows, rounded once).
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0, "specframe_kernels::rope: x must be [rows, heads, even dim]");
-  const int64_t R = x.size(0), H = x.size(1), D = x.size(2), half = D / 2;
+  const int64_t R = x.size(0), H = x.size(1), D = x.size(2);
   TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D, "specframe_kernels::rope: cos and sin must hold "
               "[rows, dim] values");
   const at::Tensor xf = as_f32_rows(x), c = as_f32_rows(cos.reshape({R, D})), s = as_f32_rows(sin.reshape({R, D}));
@@ -538,18 +554,269 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   const float *xp = xf.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = s.data_ptr<float>();
   float* op = out.data_ptr<float>();
   at::parallel_for(0, R * H, grain(4 * D), [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t r = t / H;
-      const float *row = xp + t * D, *cr = cp + r * D, *sr = sp + r * D;
-      float* o = op + t * D;
-      for (int64_t i = 0; i < D; ++i) {
-        const float turned = i < half ? row[i + half] : row[i - half];
-        const float a = row[i] * cr[i], b = turned * sr[i];
-        o[i] = a + b;
-      }
-    }
+    for (int64_t t = t0; t < t1; ++t) rope_row(xp + t * D, cp + t / H * D, sp + t / H * D, D, op + t * D);
   });
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
+
+// ---- decode_layers' team path: float32 activations, one parallel region for the whole call ----------------
+// A projection of a few hundred kilobytes does not pay for a parallel region of its own (on a 2-core EPYC the
+// layers' 120 projections of a 1-row call took as long on one thread as on two), so here the threads enter
+// once and stay: each owns a fixed share of every projection's outputs (whole 4-output blocks or interleaved
+// groups, as `linear` splits them) and of the attention's (row, head) tasks, and they meet at a barrier where a
+// stage needs another's outputs. The small row work (RMSNorm, activation quantization, SiLU x up, an adapter's
+// rank vector) is done by every thread for all rows, the same code on the same data, so no barrier waits for
+// it. Every element goes through the code the single operators run, so the bits are theirs.
+
+// A barrier for a team that runs concurrently (an OpenMP team of at::parallel_for): spin, then yield.
+struct SpinBarrier {
+  std::atomic<int64_t> arrived{0}, generation{0};
+  void wait(int64_t members) {
+    if (members == 1) return;
+    const int64_t seen = generation.load(std::memory_order_acquire);
+    if (arrived.fetch_add(1, std::memory_order_acq_rel) == members - 1) {
+      arrived.store(0, std::memory_order_relaxed);
+      generation.fetch_add(1, std::memory_order_release);
+      return;
+    }
+    for (int spins = 0; generation.load(std::memory_order_acquire) == seen; ++spins) {
+      if (spins < 4096)
+        _mm_pause();
+      else
+        std::this_thread::yield();
+    }
+  }
+};
+
+// One projection's weights as `linear` runs them, split among a team by output blocks.
+struct TeamProjection {
+  const void* data;
+  int64_t format, N, K, units, unit;  // units of `unit` outputs: the split `linear` uses
+  bool quantized() const { return format >= FORMAT_Q8_0; }
+};
+
+TeamProjection team_projection(const at::Tensor& data, int64_t format, int64_t N, int64_t K, const Variant& v) {
+  TORCH_CHECK(data.is_contiguous() && data.device().is_cpu(), "specframe_kernels::decode_layers: weights must be "
+              "contiguous CPU tensors");
+  TeamProjection p{data.data_ptr(), format, N, K, 0, 4};
+  if (format == FORMAT_F32 || format == FORMAT_BF16) {
+    TORCH_CHECK(data.dim() == 2 && data.size(0) == N && data.size(1) == K &&
+                    data.scalar_type() == (format == FORMAT_F32 ? at::kFloat : at::kBFloat16),
+                "specframe_kernels::decode_layers: a dense weight is ", data.sizes(), " ", data.scalar_type(),
+                ", expected [", N, ", ", K, "] of its format");
+  } else if (format > FORMAT_Q4_1) {
+    TORCH_CHECK(v.group_rows > 0 && K % 32 == 0 && data.scalar_type() == at::kByte &&
+                    data.size(0) == (N + v.group_rows - 1) / v.group_rows &&
+                    data.size(1) == K / 32 * v.group_rows * BLOCK_BYTES[format - PACKED],
+                "specframe_kernels::decode_layers: an interleaved weight does not fit [", N, ", ", K, "] on the '",
+                v.name, "' kernels; load the model again after select_variant");
+    p.unit = v.group_rows;
+  } else {
+    TORCH_CHECK(format >= FORMAT_Q8_0 && format <= FORMAT_Q4_1 && K % 32 == 0 && data.scalar_type() == at::kByte &&
+                    data.size(0) == N && data.size(1) == K / 32 * BLOCK_BYTES[format],
+                "specframe_kernels::decode_layers: a block-quantized weight does not fit [", N, ", ", K, "]");
+  }
+  p.units = (N + p.unit - 1) / p.unit;
+  return p;
+}
+
+// Rows x (float32, [M, K]) prepared once per thread for the projections that read them.
+struct TeamInput {
+  const float* x = nullptr;
+  int64_t M = 0, K = 0;
+  std::vector<int8_t> codes;
+  std::vector<float> scale, scaled_sum;
+  bool quantized = false;
+  void set(const Variant& v, const float* rows, int64_t m, int64_t k, bool quantize) {
+    x = rows, M = m, K = k, quantized = quantize;
+    if (!quantize) return;
+    codes.resize(M * K), scale.resize(M * (K / 32)), scaled_sum.resize(M * (K / 32));
+    v.quantize_rows(x, M, K, codes.data(), scale.data(), scaled_sum.data());
+  }
+};
+
+// Outputs of units u0 .. u1 of a projection for every row, into out [M, N].
+void project_units(const Variant& v, const TeamProjection& p, const TeamInput& in, float* out, int64_t u0,
+                   int64_t u1) {
+  if (u0 >= u1) return;
+  if (p.format == FORMAT_F32) {
+    v.dense_f32(in.x, in.M, in.K, static_cast<const float*>(p.data), p.N, out, u0 * 4, std::min(p.N, u1 * 4));
+  } else if (p.format == FORMAT_BF16) {
+    v.dense_bf16(in.x, in.M, in.K, static_cast<const uint16_t*>(p.data), p.N, out, u0 * 4, std::min(p.N, u1 * 4));
+  } else if (p.format > FORMAT_Q4_1) {
+    v.grouped_linear((int)p.format - PACKED, in.codes.data(), in.scale.data(), in.scaled_sum.data(), in.M, in.K,
+                     static_cast<const uint8_t*>(p.data), p.N, out, u0, u1);
+  } else {
+    v.quant_linear((int)p.format, in.codes.data(), in.scale.data(), in.scaled_sum.data(), in.M, in.K,
+                   static_cast<const uint8_t*>(p.data), p.K / 32 * BLOCK_BYTES[p.format], p.N, out, u0 * 4,
+                   std::min(p.N, u1 * 4));
+  }
+}
+
+// A proposal-only adapter (A [rank, K], B [N, rank], float32 or bfloat16) on the marked rows, as `adapt` runs it.
+struct TeamAdapter {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  bool bf16 = false;
+  int64_t rank = 0;
+  float scale = 0.0f;
+};
+
+TeamAdapter team_adapter(const c10::optional<at::Tensor>& a, const c10::optional<at::Tensor>& b, double scale,
+                         int64_t N, int64_t K) {
+  TeamAdapter out;
+  if (!a.has_value() || !a->defined()) return out;
+  TORCH_CHECK(b.has_value() && b->defined() && a->dim() == 2 && b->dim() == 2 && a->size(1) == K &&
+                  b->size(0) == N && b->size(1) == a->size(0) && a->is_contiguous() && b->is_contiguous() &&
+                  a->scalar_type() == b->scalar_type() &&
+                  (a->scalar_type() == at::kFloat || a->scalar_type() == at::kBFloat16),
+              "specframe_kernels::decode_layers: an adapter must be contiguous a [rank, ", K, "] and b [", N,
+              ", rank], both float32 or both bfloat16");
+  out.a = a->data_ptr(), out.b = b->data_ptr(), out.bf16 = a->scalar_type() == at::kBFloat16;
+  out.rank = a->size(0), out.scale = (float)scale;
+  return out;
+}
+
+void dense_any(const Variant& v, bool bf16, const float* x, int64_t M, int64_t K, const void* w, int64_t N, float* out,
+               int64_t n0, int64_t n1) {
+  if (bf16)
+    v.dense_bf16(x, M, K, static_cast<const uint16_t*>(w), N, out, n0, n1);
+  else
+    v.dense_f32(x, M, K, static_cast<const float*>(w), N, out, n0, n1);
+}
+
+struct TeamLayer {
+  const float *input_norm, *post_norm, *bias;
+  TeamProjection qkv, o, gate_up, down;
+  TeamAdapter o_adapter, down_adapter;
+};
+
+struct TeamSegment {
+  float *keys, *values;  // this request's cache buffers, [layers, capacity, kv, dim]
+  int64_t layer_stride, row_stride, first, rows, start, span;
+  const int64_t* slots;  // a paged cache's pool rows of the new rows (else rows start ..)
+  const int64_t* row_map;
+  const bool* visible;
+};
+
+at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLayer>& layers,
+                              const std::vector<TeamSegment>& segments, const float* cos, const float* sin,
+                              const float* query_scale, const bool* marked, int64_t H, int64_t KV, int64_t D,
+                              float eps, float softmax_scale) {
+  const Variant& v = variant();
+  const int64_t R = input.size(0), hidden = input.size(1), heads = H + 2 * KV;
+  const int64_t inner = layers[0].gate_up.N / 2;
+  at::Tensor x = input.contiguous().clone();
+  float* xp = x.data_ptr<float>();
+  std::vector<int64_t> picked;  // the adapter's rows
+  for (int64_t r = 0; marked && r < R; ++r)
+    if (marked[r]) picked.push_back(r);
+  const int64_t P = (int64_t)picked.size();
+  int64_t widest = hidden;
+  for (const auto& l : layers) widest = std::max({widest, l.qkv.N, l.gate_up.N, l.o.N, l.down.N});
+  std::vector<float> qkv(R * heads * D), queries(R * H * D), attended(R * H * D), projected(R * widest);
+  std::vector<float> updates(std::max<int64_t>(1, P * widest));
+  SpinBarrier barrier;
+  std::atomic<int64_t> joined{0}, units{0};
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), 64));
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    // every callback joins before any starts, so that the team's size is known (an OpenMP team runs at once)
+    const int64_t me = joined.fetch_add(1, std::memory_order_acq_rel);
+    units.fetch_add(t1 - t0, std::memory_order_acq_rel);
+    while (units.load(std::memory_order_acquire) < threads) _mm_pause();
+    const int64_t team = joined.load(std::memory_order_acquire);
+    const auto share = [&](int64_t count) {
+      return std::make_pair(count * me / team, count * (me + 1) / team);
+    };
+    std::vector<float> normed(R * hidden), rows_inner(R * inner), rank_rows, key(D);
+    TeamInput in;
+    const auto adapted = [&](const TeamAdapter& adapter, const TeamProjection& p, const float* from, int64_t K,
+                             int64_t n0, int64_t n1) {
+      // projected (own outputs) + scale * (x A^T) B^T on the marked rows, as `adapt` computes them
+      if (adapter.a == nullptr || P == 0 || n0 >= n1) return;
+      std::vector<float> xs(P * K);
+      rank_rows.assign(P * adapter.rank, 0.0f);
+      for (int64_t i = 0; i < P; ++i) std::memcpy(xs.data() + i * K, from + picked[i] * K, K * sizeof(float));
+      dense_any(v, adapter.bf16, xs.data(), P, K, adapter.a, adapter.rank, rank_rows.data(), 0, adapter.rank);
+      dense_any(v, adapter.bf16, rank_rows.data(), P, adapter.rank, adapter.b, p.N, updates.data(), n0, n1);
+      for (int64_t i = 0; i < P; ++i) {
+        float* o = projected.data() + picked[i] * p.N;
+        for (int64_t n = n0; n < n1; ++n) {
+          const float scaled = updates[i * p.N + n] * adapter.scale;
+          o[n] = o[n] + scaled;
+        }
+      }
+    };
+    const auto residual = [&](const TeamProjection& p, int64_t u0, int64_t u1) {
+      const int64_t n0 = u0 * p.unit, n1 = std::min(p.N, u1 * p.unit);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t n = n0; n < n1; ++n) xp[r * hidden + n] = xp[r * hidden + n] + projected[r * p.N + n];
+    };
+    for (size_t index = 0; index < layers.size(); ++index) {
+      const TeamLayer& l = layers[index];
+      // attention input: every thread normalises all rows (the same bits), then its share of q/k/v
+      for (int64_t r = 0; r < R; ++r) norm_row(xp + r * hidden, l.input_norm, hidden, eps, normed.data() + r * hidden);
+      in.set(v, normed.data(), R, hidden, l.qkv.quantized());
+      auto [q0, q1] = share(l.qkv.units);
+      project_units(v, l.qkv, in, qkv.data(), q0, q1);
+      if (l.bias != nullptr)
+        for (int64_t r = 0; r < R; ++r)
+          for (int64_t n = q0 * l.qkv.unit; n < std::min(l.qkv.N, q1 * l.qkv.unit); ++n)
+            qkv[r * l.qkv.N + n] = qkv[r * l.qkv.N + n] + l.bias[n];
+      barrier.wait(team);
+      // RoPE on q and k, the query scale, the new keys and values into each request's cache
+      auto [h0, h1] = share(R * (H + 2 * KV));
+      for (int64_t t = h0; t < h1; ++t) {
+        const int64_t r = t / heads, head = t % heads;
+        const float* row = qkv.data() + (r * heads + head) * D;
+        float* rotated = head < H ? queries.data() + (r * H + head) * D : key.data();
+        if (head < H + KV) {
+          rope_row(row, cos + r * D, sin + r * D, D, rotated);
+          if (head < H && query_scale != nullptr)
+            for (int64_t i = 0; i < D; ++i) rotated[i] = rotated[i] * query_scale[r];
+        }
+        if (head < H) continue;
+        const float* kept = head < H + KV ? rotated : row;
+        for (const TeamSegment& seg : segments) {
+          if (r < seg.first || r >= seg.first + seg.rows) continue;
+          const int64_t slot = seg.slots ? seg.slots[r - seg.first] : seg.start + (r - seg.first);
+          float* cache = (head < H + KV ? seg.keys : seg.values) + index * seg.layer_stride + slot * seg.row_stride +
+                         (head < H + KV ? head - H : head - H - KV) * D;
+          std::memcpy(cache, kept, D * sizeof(float));
+        }
+      }
+      barrier.wait(team);
+      for (const TeamSegment& seg : segments) {  // each request's rows over its own cache
+        auto [a0, a1] = share(seg.rows * H);
+        if (a0 >= a1) continue;
+        v.attend_f32(queries.data() + seg.first * H * D, seg.rows, H, D, seg.keys + index * seg.layer_stride,
+                     seg.values + index * seg.layer_stride, seg.row_stride, seg.row_map, KV, seg.visible, seg.span,
+                     softmax_scale, attended.data() + seg.first * H * D, a0, a1);
+      }
+      barrier.wait(team);
+      // the output projection, its adapter and the residual, each thread on its own outputs
+      in.set(v, attended.data(), R, H * D, l.o.quantized());
+      auto [o0, o1] = share(l.o.units);
+      project_units(v, l.o, in, projected.data(), o0, o1);
+      adapted(l.o_adapter, l.o, attended.data(), H * D, o0 * l.o.unit, std::min(l.o.N, o1 * l.o.unit));
+      residual(l.o, o0, o1);
+      barrier.wait(team);
+      for (int64_t r = 0; r < R; ++r) norm_row(xp + r * hidden, l.post_norm, hidden, eps, normed.data() + r * hidden);
+      in.set(v, normed.data(), R, hidden, l.gate_up.quantized());
+      auto [g0, g1] = share(l.gate_up.units);
+      project_units(v, l.gate_up, in, projected.data(), g0, g1);
+      barrier.wait(team);
+      v.silu_mul_rows(projected.data(), R, inner, rows_inner.data());
+      barrier.wait(team);  // everyone has read gate_up before the down projection writes over it
+      in.set(v, rows_inner.data(), R, inner, l.down.quantized());
+      auto [d0, d1] = share(l.down.units);
+      project_units(v, l.down, in, projected.data(), d0, d1);
+      adapted(l.down_adapter, l.down, rows_inner.data(), inner, d0 * l.down.unit, std::min(l.down.N, d1 * l.down.unit));
+      residual(l.down, d0, d1);
+      barrier.wait(team);
+    }
+  });
+  return x;
 }
 
 // A run of decoder layers over a call's rows, each layer exactly the operators above in the order the Python step
@@ -589,6 +856,96 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
   const auto tensor = [&](int64_t layer, int64_t item) -> const c10::optional<at::Tensor>& {
     return weights[layer * LAYER_TENSORS + item];
   };
+  const auto is_float = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat; };
+  bool team = is_float(input) && input.dim() == 2 && layers > 0 && is_float(cos) && is_float(sin) &&
+              (!query_scale.has_value() || !query_scale->defined() || is_float(*query_scale));
+  for (int64_t s = 0; s < segments; ++s) team = team && is_float(keys[s]) && is_float(values[s]);
+  if (team) {  // float32 activations: one parallel region for the whole call
+    const Variant& v = variant();
+    std::vector<at::Tensor> held;  // contiguous copies the team reads through raw pointers
+    const auto floats = [&](const at::Tensor& t) {
+      held.push_back(t.to(at::kFloat).contiguous());
+      return held.back().data_ptr<float>();
+    };
+    const int64_t hidden = input.size(1);
+    std::vector<TeamLayer> plan;
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const int64_t* c = codes.data() + layer * LAYER_CODES;
+      TeamLayer l;
+      l.input_norm = floats(*tensor(layer, 0));
+      l.post_norm = floats(*tensor(layer, 1));
+      const auto& bias = tensor(layer, 6);
+      l.bias = bias.has_value() && bias->defined() ? floats(*bias) : nullptr;
+      l.qkv = team_projection(*tensor(layer, 2), c[0], c[1], hidden, v);
+      l.o = team_projection(*tensor(layer, 3), c[2], c[3], H * D, v);
+      l.gate_up = team_projection(*tensor(layer, 4), c[4], c[5], hidden, v);
+      l.down = team_projection(*tensor(layer, 5), c[6], c[7], c[5] / 2, v);
+      TORCH_CHECK(l.qkv.N == (H + 2 * KV) * D && l.o.N == hidden && l.down.N == hidden && c[5] % 2 == 0 &&
+                      tensor(layer, 0)->numel() == hidden && tensor(layer, 1)->numel() == hidden &&
+                      (l.bias == nullptr || bias->numel() == l.qkv.N),
+                  "specframe_kernels::decode_layers: layer ", layer, "'s projections do not fit ", H, " heads, ", KV,
+                  " kv heads of ", D, " and hidden size ", hidden);
+      l.o_adapter = team_adapter(tensor(layer, 7), tensor(layer, 8),
+                                 scales[layer * LAYER_SCALES], l.o.N, l.o.K);
+      l.down_adapter = team_adapter(tensor(layer, 9), tensor(layer, 10), scales[layer * LAYER_SCALES + 1], l.down.N,
+                                    l.down.K);
+      plan.push_back(l);
+    }
+    std::vector<TeamSegment> parts;
+    for (int64_t s = 0; s < segments; ++s) {
+      const at::Tensor& k = keys[s];
+      TORCH_CHECK(k.dim() == 4 && values[s].sizes() == k.sizes() && values[s].strides() == k.strides() &&
+                      k.size(0) >= layers && k.size(2) == KV && k.size(3) == D && k.stride(3) == 1 && k.stride(2) == D,
+                  "specframe_kernels::decode_layers: a request's keys and values must be alike [layers, rows, ", KV,
+                  ", ", D, "] buffers, got ", k.sizes());
+      const at::Tensor seen = visible[s].contiguous();
+      held.push_back(seen);
+      TORCH_CHECK(seen.dim() == 2 && seen.scalar_type() == at::kBool, "specframe_kernels::decode_layers: visible ",
+                  "masks must be [rows, span] bool");
+      TeamSegment part{k.data_ptr<float>(), values[s].data_ptr<float>(), k.stride(0), k.stride(1), first[s],
+                       seen.size(0), starts[s], seen.size(1), nullptr, nullptr, seen.data_ptr<bool>()};
+      if (slots[s].has_value() && slots[s]->defined()) {
+        held.push_back(slots[s]->to(at::kLong).contiguous());
+        TORCH_CHECK(held.back().numel() == part.rows, "specframe_kernels::decode_layers: a request's slots must name "
+                    "one cache row per new row");
+        part.slots = held.back().data_ptr<int64_t>();
+        for (int64_t r = 0; r < part.rows; ++r)
+          TORCH_CHECK(part.slots[r] >= 0 && part.slots[r] < k.size(1), "specframe_kernels::decode_layers: a slot "
+                      "points outside the cache");
+      } else {
+        TORCH_CHECK(part.start >= 0 && part.start + part.rows <= k.size(1), "specframe_kernels::decode_layers: the "
+                    "new rows do not fit the cache");
+      }
+      if (row_maps[s].has_value() && row_maps[s]->defined()) {
+        held.push_back(row_maps[s]->contiguous());
+        TORCH_CHECK(held.back().scalar_type() == at::kLong && held.back().numel() == part.span,
+                    "specframe_kernels::decode_layers: a row map must be int64 [span]");
+        part.row_map = held.back().data_ptr<int64_t>();
+        for (int64_t j = 0; j < part.span; ++j)
+          TORCH_CHECK(part.row_map[j] >= 0 && part.row_map[j] < k.size(1), "specframe_kernels::decode_layers: a row "
+                      "map points outside the cache");
+      } else {
+        TORCH_CHECK(part.span <= k.size(1), "specframe_kernels::decode_layers: the mask spans more rows than the cache");
+      }
+      parts.push_back(part);
+    }
+    const bool* marked = nullptr;
+    if (adapted) {
+      held.push_back(adapter_rows->contiguous());
+      TORCH_CHECK(held.back().scalar_type() == at::kBool && held.back().numel() == R,
+                  "specframe_kernels::decode_layers: adapter_rows must be bool [rows]");
+      marked = held.back().data_ptr<bool>();
+    }
+    const float* scaled = nullptr;
+    if (query_scale.has_value() && query_scale->defined()) {
+      TORCH_CHECK(query_scale->numel() == R, "specframe_kernels::decode_layers: query_scale must be [rows]");
+      scaled = floats(*query_scale);
+    }
+    TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D, "specframe_kernels::decode_layers: cos and sin must "
+                "hold [rows, dim] values");
+    return decode_layers_team(input, plan, parts, floats(cos), floats(sin), scaled, marked, H, KV, D, (float)eps,
+                              (float)softmax_scale);
+  }
   const auto project = [&](const at::Tensor& x, int64_t layer, int64_t which) {
     return linear(x, *tensor(layer, 2 + which), codes[layer * LAYER_CODES + 2 * which],
                   codes[layer * LAYER_CODES + 2 * which + 1]);
