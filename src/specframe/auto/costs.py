@@ -48,8 +48,9 @@ LONG_CONTEXT = 320
 WARMUP_S = 1.0
 #: Bump when the calibration procedure changes, so that old cache files are not reused. 4: calls of several
 #: rows are timed with their drafting rows on the adapter. 5: a count's value is the median of its ratios to
-#: the adjacent 1-row calls (times the fastest 1-row call), no longer its own fastest timing.
-VERSION = 5
+#: the adjacent 1-row calls (times the fastest 1-row call), no longer its own fastest timing. 6: the key names
+#: the build of specframe's kernels (a new build can change every call's cost: threads, fused layers).
+VERSION = 6
 #: A cached table is measured again when a 10-row call over a 1-row call (the median of paired ratios, as in
 #: :func:`calibrate`) is off from the table's ratio by more than this factor either way, twice (a uniform
 #: slowdown is the observed load's to absorb).
@@ -201,8 +202,15 @@ def model_key(model: ModelBackend) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "path": str(getattr(model, "path", "eager")),  # eager or compiled forwards
         "torch": torch.__version__,
+        "kernels": _kernel_build(model),
         "version": VERSION,
     }
+
+
+def _kernel_build(model: ModelBackend) -> str | None:
+    """The build of the kernels that run ``model`` (its ``kernel_report``'s ``build``), or ``None``."""
+    report = getattr(model, "kernel_report", None)
+    return report().get("build") if callable(report) else None
 
 
 def cache_path(key: Mapping[str, Any]) -> Path:

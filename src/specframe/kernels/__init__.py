@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from specframe.kernels.build import SWITCH, load, unavailable_reason
+from specframe.kernels.build import SWITCH, build_id, load, unavailable_reason
 from specframe.kernels.quant import FORMATS, PACKED_OFFSET, QUANTIZED, Format, dequantize, format_of, quantize, repack
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "SWITCH",
     "Format",
     "available",
+    "build_id",
     "dequantize",
     "format_of",
     "quantize",

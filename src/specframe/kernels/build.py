@@ -93,6 +93,16 @@ def load() -> ModuleType | None:
     return module
 
 
+def build_id() -> str | None:
+    """The digest naming the kernels' build (sources, flags, torch, Python, compiler), or ``None`` without them.
+
+    Timings taken with one build say little about another (cost tables of width ``auto`` are keyed by it).
+    """
+    if load() is None:
+        return None
+    return _digest(str(compiler()))
+
+
 def build_root() -> Path:
     """Where built kernels are kept: ``$SPECFRAME_KERNELS_DIR``, else ``<XDG cache or ~/.cache>/specframe/kernels``."""
     explicit = os.environ.get("SPECFRAME_KERNELS_DIR")

@@ -202,7 +202,8 @@ class DecoderBackend(ModelBackend):
     def kernel_report(self) -> dict[str, Any]:
         """Which kernels run this model's calls, and whether outputs are guaranteed invariant to row counts.
 
-        ``{"kernels": "specframe avx512+vnni" | "torch", "invariant": bool, "weights": [formats], "note": str}``:
+        ``{"kernels": "specframe avx512+vnni" | "torch", "invariant": bool, "weights": [formats], "note": str}``,
+        with specframe's kernels also ``"build"``, the digest of their build (:func:`specframe.kernels.build_id`):
         with specframe's kernels every row's logits are bitwise what a one-row call gives it (so speculative
         outputs equal AR's in any dtype); torch's kernels round calls of different sizes differently.
         """
@@ -211,7 +212,8 @@ class DecoderBackend(ModelBackend):
         formats = sorted({getattr(p, "format", str(self.dtype).removeprefix("torch.")) for p in projections})
         if w.invariant:
             note = "each row reduces alone: speculative outputs are AR's bitwise"
-            return {"kernels": f"specframe {kernels.variant()}", "invariant": True, "weights": formats, "note": note}
+            report = {"kernels": f"specframe {kernels.variant()}", "invariant": True, "weights": formats, "note": note}
+            return {**report, "build": kernels.build_id()}
         if not self.cpu_tuning:
             why = "CPU tuning is off"
         elif self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
