@@ -27,7 +27,8 @@ def _restore_threads(monkeypatch):
 
 
 def test_small_models_get_one_thread_and_large_ones_the_free_cores():
-    assert default_threads(4_200_000, cores=16, busy=0) == 1
+    assert default_threads(PARAMETERS_PER_THREAD - 1, cores=16, busy=0) == 1
+    assert default_threads(4_200_000, cores=16, busy=0) == 2  # the bundled models: two threads pay since the team
     assert default_threads(2 * PARAMETERS_PER_THREAD, cores=2, busy=0) == 2
     assert default_threads(2 * PARAMETERS_PER_THREAD, cores=2, busy=1) == 1  # a busy neighbour keeps its core
     assert default_threads(100 * PARAMETERS_PER_THREAD, cores=8, busy=3) == 5
@@ -62,7 +63,7 @@ def test_well_formed_omp_num_threads_is_left_to_torch(monkeypatch, value):
 
 def test_the_policy_decides_once_per_model():
     class Backend:
-        num_parameters = 4_000_000
+        num_parameters = PARAMETERS_PER_THREAD - 1  # one thread on any machine
         threads = None
 
     backend = Backend()

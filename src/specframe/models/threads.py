@@ -1,10 +1,10 @@
 """How many CPU threads torch uses for a model: an explicit choice, ``OMP_NUM_THREADS``, or a policy.
 
-A call of a small model is a chain of small operations; splitting each one across threads costs a
-synchronisation per operation, which a 4M-parameter model cannot repay, and a thread that waits for a core
-held by another process stalls every operation it takes part in. On a machine shared with other work,
-torch's default of one thread per core can make a small model's decoding many times slower than one thread
-does (past measurements: ``docs/performance.md#threads`` and ``#host-side-choices``). The policy therefore is:
+A thread that waits for a core held by another process stalls every operation it takes part in, and a
+call of a tiny model is a chain of small operations, each too small to repay a synchronisation. On a machine
+shared with other work, torch's default of one thread per core can make a small model's decoding many times
+slower than one thread does (past measurements: ``docs/performance.md#threads`` and
+``#host-side-choices``). The policy therefore is:
 
 1. ``threads`` given (``--threads N``, config ``threads: N``): use exactly N;
 2. else ``OMP_NUM_THREADS`` set: leave torch's thread count alone (torch has already read it);
@@ -12,7 +12,10 @@ does (past measurements: ``docs/performance.md#threads`` and ``#host-side-choice
    cores that are free -- the machine's cores minus those other processes keep busy now (:func:`busy_cores`)
    -- so that a neighbour's busy core is not also given to a spinning torch thread.
 
-The bundled 4M-parameter models therefore run on one thread; a 156M-parameter model gets up to two.
+The bundled 4M-parameter models therefore run on two threads where two cores are free, as does
+``smollm2-135m`` (and larger models on more, where the machine has them). Until specframe's kernels ran their
+layers as one team of threads (``specframe_kernels::decode_layers``) the rule was one thread per 64M
+parameters and the bundled models ran on one: their calls now take half the time on two threads.
 
 A model's size is its backend's ``num_parameters`` (part of the
 :class:`~specframe.models.base.ModelBackend` interface); a backend that leaves it unset is measured from its
@@ -31,8 +34,11 @@ import torch
 from specframe.errors import ConfigError
 from specframe.specs import as_integer
 
-PARAMETERS_PER_THREAD = 64_000_000
-"""Parameters one thread is given before a second one pays for its synchronisation."""
+PARAMETERS_PER_THREAD = 2_000_000
+"""Parameters one thread is given before a second one pays for its synchronisation. Measured on 2 cores: the
+bundled 4.2M-parameter Nemotron's 1-row call over 128 cached rows took 0.17 ms on two threads against 0.34 on
+one (its decoding 1.11x faster with ``ar``, 1.21x with Packed-SS W=4); machines with many cores are not
+measured yet."""
 
 UNKNOWN_PARAMETERS = 0
 """The size assumed for a backend whose parameters cannot be counted: a small model, so one thread."""
