@@ -52,6 +52,19 @@ inline void norm_row(const float* row, const float* w, int64_t H, float eps, flo
   for (int64_t h = 0; h < H; ++h) o[h] = w[h] * (row[h] * inverse);
 }
 
+// A float rounded to bfloat16 (to nearest even, as torch rounds) and back: what storing it in a bfloat16 tensor
+// keeps.
+inline float to_bf16(float v) { return float(c10::BFloat16(v)); }
+
+// RMSNorm of a row of bfloat16 values (held as floats), rounded as the bfloat16 operator rounds: the
+// normalised row, then its product with the weight.
+inline void norm_row_bf16(const float* row, const float* w, int64_t H, float eps, float* o) {
+  float squares = 0.0f;
+  for (int64_t h = 0; h < H; ++h) squares += row[h] * row[h];
+  const float inverse = 1.0f / std::sqrt(squares / (float)H + eps);
+  for (int64_t h = 0; h < H; ++h) o[h] = to_bf16(w[h] * to_bf16(row[h] * inverse));
+}
+
 // RoPE of one head's row: x cos + rotate_half(x) sin, a multiply, a multiply and an add per element.
 inline void rope_row(const float* row, const float* cr, const float* sr, int64_t D, float* o) {
   const int64_t half = D / 2;
@@ -512,14 +525,13 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const bool half = x.scalar_type() == at::kBFloat16;
   at::parallel_for(0, R, grain(4 * H), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      float squares = 0.0f;
       if (half) {
-        const at::BFloat16* row = xc.data_ptr<at::BFloat16>() + r * H;
-        for (int64_t h = 0; h < H; ++h) squares += float(row[h]) * float(row[h]);
-        const float inverse = 1.0f / std::sqrt(squares / (float)H + (float)eps);
-        at::BFloat16* o = out.data_ptr<at::BFloat16>() + r * H;
-        const at::BFloat16* w = wc.data_ptr<at::BFloat16>();
-        for (int64_t h = 0; h < H; ++h) o[h] = at::BFloat16(float(w[h]) * float(at::BFloat16(float(row[h]) * inverse)));
+        std::vector<float> row(H), w(H), o(H);
+        const at::BFloat16* from = xc.data_ptr<at::BFloat16>() + r * H;
+        for (int64_t h = 0; h < H; ++h) row[h] = float(from[h]), w[h] = float(wc.data_ptr<at::BFloat16>()[h]);
+        norm_row_bf16(row.data(), w.data(), H, (float)eps, o.data());
+        at::BFloat16* to = out.data_ptr<at::BFloat16>() + r * H;
+        for (int64_t h = 0; h < H; ++h) to[h] = at::BFloat16(o[h]);
       } else {
         norm_row(xc.data_ptr<float>() + r * H, wc.data_ptr<float>(), H, (float)eps, out.data_ptr<float>() + r * H);
       }
@@ -692,22 +704,27 @@ struct TeamLayer {
 };
 
 struct TeamSegment {
-  float *keys, *values;  // this request's cache buffers, [layers, capacity, kv, dim]
+  void *keys, *values;  // this request's cache buffers, [layers, capacity, kv, dim], float32 or bfloat16
   int64_t layer_stride, row_stride, first, rows, start, span;
   const int64_t* slots;  // a paged cache's pool rows of the new rows (else rows start ..)
   const int64_t* row_map;
   const bool* visible;
 };
 
+// `half`: a bfloat16 model. The activations are then kept as floats but rounded to bfloat16 wherever the
+// single operators store a bfloat16 tensor (each projection's output, RoPE, the query scale, attention, the
+// adapter's sum, each residual add, SiLU x up), and the caches hold bfloat16.
 at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLayer>& layers,
                               const std::vector<TeamSegment>& segments, const float* cos, const float* sin,
                               const float* query_scale, const bool* marked, int64_t H, int64_t KV, int64_t D,
-                              float eps, float softmax_scale) {
+                              float eps, float softmax_scale, bool half) {
   const Variant& v = variant();
   const int64_t R = input.size(0), hidden = input.size(1), heads = H + 2 * KV;
   const int64_t inner = layers[0].gate_up.N / 2;
-  at::Tensor x = input.contiguous().clone();
+  at::Tensor x = input.to(at::kFloat).contiguous().clone();
   float* xp = x.data_ptr<float>();
+  const auto round = [half](float value) { return half ? to_bf16(value) : value; };
+  const auto norm = half ? norm_row_bf16 : norm_row;
   std::vector<int64_t> picked;  // the adapter's rows
   for (int64_t r = 0; marked && r < R; ++r)
     if (marked[r]) picked.push_back(r);
@@ -743,26 +760,33 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
         float* o = projected.data() + picked[i] * p.N;
         for (int64_t n = n0; n < n1; ++n) {
           const float scaled = updates[i * p.N + n] * adapter.scale;
-          o[n] = o[n] + scaled;
+          o[n] = round(o[n] + scaled);
         }
       }
     };
     const auto residual = [&](const TeamProjection& p, int64_t u0, int64_t u1) {
       const int64_t n0 = u0 * p.unit, n1 = std::min(p.N, u1 * p.unit);
       for (int64_t r = 0; r < R; ++r)
-        for (int64_t n = n0; n < n1; ++n) xp[r * hidden + n] = xp[r * hidden + n] + projected[r * p.N + n];
+        for (int64_t n = n0; n < n1; ++n) xp[r * hidden + n] = round(xp[r * hidden + n] + projected[r * p.N + n]);
+    };
+    const auto project = [&](const TeamProjection& p, float* out, int64_t u0, int64_t u1) {
+      project_units(v, p, in, out, u0, u1);  // then each output stored as its operator stores it
+      if (!half) return;
+      const int64_t n0 = u0 * p.unit, n1 = std::min(p.N, u1 * p.unit);
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t n = n0; n < n1; ++n) out[r * p.N + n] = to_bf16(out[r * p.N + n]);
     };
     for (size_t index = 0; index < layers.size(); ++index) {
       const TeamLayer& l = layers[index];
       // attention input: every thread normalises all rows (the same bits), then its share of q/k/v
-      for (int64_t r = 0; r < R; ++r) norm_row(xp + r * hidden, l.input_norm, hidden, eps, normed.data() + r * hidden);
+      for (int64_t r = 0; r < R; ++r) norm(xp + r * hidden, l.input_norm, hidden, eps, normed.data() + r * hidden);
       in.set(v, normed.data(), R, hidden, l.qkv.quantized());
       auto [q0, q1] = share(l.qkv.units);
-      project_units(v, l.qkv, in, qkv.data(), q0, q1);
+      project(l.qkv, qkv.data(), q0, q1);
       if (l.bias != nullptr)
         for (int64_t r = 0; r < R; ++r)
           for (int64_t n = q0 * l.qkv.unit; n < std::min(l.qkv.N, q1 * l.qkv.unit); ++n)
-            qkv[r * l.qkv.N + n] = qkv[r * l.qkv.N + n] + l.bias[n];
+            qkv[r * l.qkv.N + n] = round(qkv[r * l.qkv.N + n] + l.bias[n]);
       barrier.wait(team);
       // RoPE on q and k, the query scale, the new keys and values into each request's cache
       auto [h0, h1] = share(R * (H + 2 * KV));
@@ -772,51 +796,71 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
         float* rotated = head < H ? queries.data() + (r * H + head) * D : key.data();
         if (head < H + KV) {
           rope_row(row, cos + r * D, sin + r * D, D, rotated);
+          for (int64_t i = 0; half && i < D; ++i) rotated[i] = to_bf16(rotated[i]);
           if (head < H && query_scale != nullptr)
-            for (int64_t i = 0; i < D; ++i) rotated[i] = rotated[i] * query_scale[r];
+            for (int64_t i = 0; i < D; ++i) rotated[i] = round(rotated[i] * query_scale[r]);
         }
         if (head < H) continue;
         const float* kept = head < H + KV ? rotated : row;
         for (const TeamSegment& seg : segments) {
           if (r < seg.first || r >= seg.first + seg.rows) continue;
           const int64_t slot = seg.slots ? seg.slots[r - seg.first] : seg.start + (r - seg.first);
-          float* cache = (head < H + KV ? seg.keys : seg.values) + index * seg.layer_stride + slot * seg.row_stride +
-                         (head < H + KV ? head - H : head - H - KV) * D;
-          std::memcpy(cache, kept, D * sizeof(float));
+          const int64_t at = index * seg.layer_stride + slot * seg.row_stride + (head < H + KV ? head - H : head - H - KV) * D;
+          void* cache = head < H + KV ? seg.keys : seg.values;
+          if (half)
+            for (int64_t i = 0; i < D; ++i) static_cast<at::BFloat16*>(cache)[at + i] = at::BFloat16(kept[i]);
+          else
+            std::memcpy(static_cast<float*>(cache) + at, kept, D * sizeof(float));
         }
       }
       barrier.wait(team);
       for (const TeamSegment& seg : segments) {  // each request's rows over its own cache
         auto [a0, a1] = share(seg.rows * H);
         if (a0 >= a1) continue;
-        v.attend_f32(queries.data() + seg.first * H * D, seg.rows, H, D, seg.keys + index * seg.layer_stride,
-                     seg.values + index * seg.layer_stride, seg.row_stride, seg.row_map, KV, seg.visible, seg.span,
-                     softmax_scale, attended.data() + seg.first * H * D, a0, a1);
+        float* out = attended.data() + seg.first * H * D;
+        if (half) {
+          const auto* keys = static_cast<const uint16_t*>(seg.keys) + index * seg.layer_stride;
+          const auto* values = static_cast<const uint16_t*>(seg.values) + index * seg.layer_stride;
+          v.attend_bf16(queries.data() + seg.first * H * D, seg.rows, H, D, keys, values, seg.row_stride, seg.row_map,
+                        KV, seg.visible, seg.span, softmax_scale, out, a0, a1);
+          const int64_t group = H / KV;  // the task numbering of attend: key/value head, then row, then head
+          for (int64_t task = a0; task < a1; ++task) {
+            const int64_t g = task / (seg.rows * group), within = task % (seg.rows * group);
+            float* o = out + ((within / group) * H + g * group + within % group) * D;
+            for (int64_t i = 0; i < D; ++i) o[i] = to_bf16(o[i]);
+          }
+        } else {
+          v.attend_f32(queries.data() + seg.first * H * D, seg.rows, H, D,
+                       static_cast<const float*>(seg.keys) + index * seg.layer_stride,
+                       static_cast<const float*>(seg.values) + index * seg.layer_stride, seg.row_stride, seg.row_map,
+                       KV, seg.visible, seg.span, softmax_scale, out, a0, a1);
+        }
       }
       barrier.wait(team);
       // the output projection, its adapter and the residual, each thread on its own outputs
       in.set(v, attended.data(), R, H * D, l.o.quantized());
       auto [o0, o1] = share(l.o.units);
-      project_units(v, l.o, in, projected.data(), o0, o1);
+      project(l.o, projected.data(), o0, o1);
       adapted(l.o_adapter, l.o, attended.data(), H * D, o0 * l.o.unit, std::min(l.o.N, o1 * l.o.unit));
       residual(l.o, o0, o1);
       barrier.wait(team);
-      for (int64_t r = 0; r < R; ++r) norm_row(xp + r * hidden, l.post_norm, hidden, eps, normed.data() + r * hidden);
+      for (int64_t r = 0; r < R; ++r) norm(xp + r * hidden, l.post_norm, hidden, eps, normed.data() + r * hidden);
       in.set(v, normed.data(), R, hidden, l.gate_up.quantized());
       auto [g0, g1] = share(l.gate_up.units);
-      project_units(v, l.gate_up, in, projected.data(), g0, g1);
+      project(l.gate_up, projected.data(), g0, g1);
       barrier.wait(team);
       v.silu_mul_rows(projected.data(), R, inner, rows_inner.data());
+      for (int64_t i = 0; half && i < R * inner; ++i) rows_inner[i] = to_bf16(rows_inner[i]);
       barrier.wait(team);  // everyone has read gate_up before the down projection writes over it
       in.set(v, rows_inner.data(), R, inner, l.down.quantized());
       auto [d0, d1] = share(l.down.units);
-      project_units(v, l.down, in, projected.data(), d0, d1);
+      project(l.down, projected.data(), d0, d1);
       adapted(l.down_adapter, l.down, rows_inner.data(), inner, d0 * l.down.unit, std::min(l.down.N, d1 * l.down.unit));
       residual(l.down, d0, d1);
       barrier.wait(team);
     }
   });
-  return x;
+  return half ? x.to(at::kBFloat16) : x;
 }
 
 // A run of decoder layers over a call's rows, each layer exactly the operators above in the order the Python step
@@ -856,11 +900,19 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
   const auto tensor = [&](int64_t layer, int64_t item) -> const c10::optional<at::Tensor>& {
     return weights[layer * LAYER_TENSORS + item];
   };
-  const auto is_float = [](const at::Tensor& t) { return t.scalar_type() == at::kFloat; };
-  bool team = is_float(input) && input.dim() == 2 && layers > 0 && is_float(cos) && is_float(sin) &&
-              (!query_scale.has_value() || !query_scale->defined() || is_float(*query_scale));
-  for (int64_t s = 0; s < segments; ++s) team = team && is_float(keys[s]) && is_float(values[s]);
-  if (team) {  // float32 activations: one parallel region for the whole call
+  // The team path takes float32 and bfloat16 models whose tensors all share the activations' dtype (where the
+  // single operators would promote a mixed pair, it leaves the call to them).
+  const at::ScalarType type = input.scalar_type();
+  const auto alike = [type](const at::Tensor& t) { return t.scalar_type() == type; };
+  bool team = (type == at::kFloat || type == at::kBFloat16) && input.dim() == 2 && layers > 0 && alike(cos) &&
+              alike(sin) && (!query_scale.has_value() || !query_scale->defined() || alike(*query_scale));
+  for (int64_t s = 0; s < segments; ++s) team = team && alike(keys[s]) && alike(values[s]);
+  for (int64_t layer = 0; layer < layers; ++layer)
+    for (int64_t item : {0, 1, 6}) {
+      const auto& t = tensor(layer, item);
+      team = team && (!t.has_value() || !t->defined() || alike(*t));
+    }
+  if (team) {  // one parallel region for the whole call
     const Variant& v = variant();
     std::vector<at::Tensor> held;  // contiguous copies the team reads through raw pointers
     const auto floats = [&](const at::Tensor& t) {
@@ -902,7 +954,7 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
       held.push_back(seen);
       TORCH_CHECK(seen.dim() == 2 && seen.scalar_type() == at::kBool, "specframe_kernels::decode_layers: visible ",
                   "masks must be [rows, span] bool");
-      TeamSegment part{k.data_ptr<float>(), values[s].data_ptr<float>(), k.stride(0), k.stride(1), first[s],
+      TeamSegment part{k.data_ptr(), values[s].data_ptr(), k.stride(0), k.stride(1), first[s],
                        seen.size(0), starts[s], seen.size(1), nullptr, nullptr, seen.data_ptr<bool>()};
       if (slots[s].has_value() && slots[s]->defined()) {
         held.push_back(slots[s]->to(at::kLong).contiguous());
@@ -944,7 +996,7 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
     TORCH_CHECK(cos.numel() == R * D && sin.numel() == R * D, "specframe_kernels::decode_layers: cos and sin must "
                 "hold [rows, dim] values");
     return decode_layers_team(input, plan, parts, floats(cos), floats(sin), scaled, marked, H, KV, D, (float)eps,
-                              (float)softmax_scale);
+                              (float)softmax_scale, type == at::kBFloat16);
   }
   const auto project = [&](const at::Tensor& x, int64_t layer, int64_t which) {
     return linear(x, *tensor(layer, 2 + which), codes[layer * LAYER_CODES + 2 * which],
