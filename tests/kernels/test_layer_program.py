@@ -126,10 +126,25 @@ def test_a_paged_cache_gets_the_loops_logits(folder, monkeypatch):
         assert torch.equal(program, loop)
 
 
-def test_layers_the_program_cannot_run_keep_the_loop(tmp_path):
-    """Per-head q/k norms (the SetDLM/Qwen3 block) and torch's kernels run the step's own loop."""
-    setdlm = load_model(write_random_checkpoint(SETDLM, tmp_path / "s", seed=3), dtype="float32")
-    assert setdlm.inference.weights.invariant and setdlm.inference.weights.program is None
+def test_per_head_qk_norms_run_in_the_program_with_the_loops_bits(tmp_path, monkeypatch):
+    """The SetDLM/Qwen3 block normalises each q and k head before RoPE; the program does it in the same place."""
+    folder = write_random_checkpoint(SETDLM, tmp_path / "s", seed=3, logit_scale=0.05)
+    for dtype in ("float32", "bfloat16"):
+        model = load_model(folder, dtype=dtype)
+        weights = _ready(model)
+        assert weights.layers[0].qk_norm is not None and weights.program is not None
+
+        def run(model=model):
+            cache = model.new_cache(12)
+            first = model.forward(cache, _call(5, 0, 7, adapted=False))
+            cache.commit(list(range(5)))
+            return first, model.forward(cache, _call(3, 5, 8, adapted=False))
+
+        for program, loop in zip(*_both(weights, run, monkeypatch), strict=True):
+            assert torch.equal(program, loop), dtype
+
+
+def test_torch_kernels_keep_the_loop(tmp_path):
     folder = write_random_checkpoint(NEMOTRON, tmp_path / "n", seed=4)
     torch_kernels = load_model(folder, dtype="float64")
     assert not torch_kernels.inference.weights.invariant and torch_kernels.inference.weights.program is None

@@ -170,8 +170,8 @@ class LayerProgram:
     dispatcher a layer costs (about a millisecond of a 1-row SmolLM2-135M call on a 2-core EPYC).
 
     Attributes:
-        tensors: 11 a layer: the two norms, the four projections' data, the qkv bias and the ``o`` and ``down``
-            adapters' A and B (``None`` where absent).
+        tensors: 12 a layer: the two norms, the four projections' data, the qkv bias, the ``o`` and ``down``
+            adapters' A and B and the per-head q/k norm weights (``None`` where absent).
         codes: 8 a layer: each projection's format code and output features.
         scales: 2 a layer: the adapters' scales.
     """
@@ -184,8 +184,8 @@ class LayerProgram:
     def of(cls, layers: Sequence[LayerWeights], invariant: bool) -> LayerProgram | None:
         """The program of ``layers``, or ``None`` where the step must run them itself.
 
-        That is: torch's kernels, a projection that is not the invariant operator, per-head q/k norms (Qwen3),
-        or an adapter whose dtype the ``adapt`` operator does not take.
+        That is: torch's kernels, a projection that is not the invariant operator, or an adapter whose dtype
+        the ``adapt`` operator does not take.
         """
         if not invariant:
             return None
@@ -194,7 +194,7 @@ class LayerProgram:
         scales: list[float] = []
         for layer in layers:
             operators = [getattr(layer, name).operator for name in _PROJECTIONS]
-            if layer.qk_norm is not None or any(op is None for op in operators):
+            if any(op is None for op in operators):
                 return None
             tensors += [layer.input_norm, layer.post_norm, *(op[0] for op in operators), layer.qkv_bias]  # type: ignore[index]
             codes += [value for op in operators for value in op[1:]]  # type: ignore[index]
@@ -203,6 +203,7 @@ class LayerProgram:
                     return None
                 tensors += [None, None] if adapter is None else [adapter[0], adapter[1]]
                 scales.append(0.0 if adapter is None else adapter[2])
+            tensors.append(layer.qk_norm)
         return cls(tensors, codes, scales)
 
     def run(
@@ -375,9 +376,14 @@ def step(
 
 
 def _norm(w: Weights, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """RMSNorm over the last axis (in float32 for half precision; rows by the invariant kernel where it runs)."""
-    if w.invariant and x.dim() == 2:
-        return torch.ops.specframe_kernels.rms_norm(x, weight, w.eps)
+    """RMSNorm over the last axis (in float32 for half precision; rows by the invariant kernel where it runs).
+
+    ``x`` is ``[R, size]``, or ``[R, heads, size]`` with a ``[heads, size]`` weight (per-head q/k norms).
+    """
+    if w.invariant:
+        if x.dim() == 2:
+            return torch.ops.specframe_kernels.rms_norm(x, weight, w.eps)
+        return torch.ops.specframe_kernels.rms_norm(x.reshape(-1, x.shape[-1]), weight, w.eps).view(x.shape)
     wide = x.float() if w.wide else x
     wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + w.eps)
     return weight * (wide.to(x.dtype) if w.wide else wide)

@@ -510,30 +510,32 @@ at::Tensor adapt(const at::Tensor& projected, const at::Tensor& x, const at::Ten
   return out;
 }
 
-// RMSNorm of each row alone: the sum of squares in index order (float32), then weight * (x / rms); bfloat16
+// RMSNorm of each row alone (row r with weight row r % groups of a [groups, size] weight: per-head q/k norms): the sum of squares in index order (float32), then weight * (x / rms); bfloat16
 // rows are rounded as torch rounds them (the normalised row, then its product with the weight).
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(x.dim() == 2 && weight.dim() == 1 && weight.size(0) == x.size(1),
-              "specframe_kernels::rms_norm: x must be [rows, size] and weight [size], got ", x.sizes(), " and ",
-              weight.sizes());
+  TORCH_CHECK(x.dim() == 2 && (weight.dim() == 1 || weight.dim() == 2) && weight.size(-1) == x.size(1),
+              "specframe_kernels::rms_norm: x must be [rows, size] and weight [size] or [groups, size], got ",
+              x.sizes(), " and ", weight.sizes());
   TORCH_CHECK(x.scalar_type() == weight.scalar_type() &&
                   (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16),
               "specframe_kernels::rms_norm: x and weight must both be float32 or both bfloat16");
   const at::Tensor xc = x.contiguous(), wc = weight.contiguous();
   at::Tensor out = at::empty_like(xc);
-  const int64_t R = xc.size(0), H = xc.size(1);
+  const int64_t R = xc.size(0), H = xc.size(1), groups = weight.dim() == 2 ? weight.size(0) : 1;
   const bool half = x.scalar_type() == at::kBFloat16;
   at::parallel_for(0, R, grain(4 * H), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
+      const int64_t g = r % groups;
       if (half) {
         std::vector<float> row(H), w(H), o(H);
         const at::BFloat16* from = xc.data_ptr<at::BFloat16>() + r * H;
-        for (int64_t h = 0; h < H; ++h) row[h] = float(from[h]), w[h] = float(wc.data_ptr<at::BFloat16>()[h]);
+        for (int64_t h = 0; h < H; ++h) row[h] = float(from[h]), w[h] = float(wc.data_ptr<at::BFloat16>()[g * H + h]);
         norm_row_bf16(row.data(), w.data(), H, (float)eps, o.data());
         at::BFloat16* to = out.data_ptr<at::BFloat16>() + r * H;
         for (int64_t h = 0; h < H; ++h) to[h] = at::BFloat16(o[h]);
       } else {
-        norm_row(xc.data_ptr<float>() + r * H, wc.data_ptr<float>(), H, (float)eps, out.data_ptr<float>() + r * H);
+        norm_row(xc.data_ptr<float>() + r * H, wc.data_ptr<float>() + g * H, H, (float)eps,
+                 out.data_ptr<float>() + r * H);
       }
     }
   });
@@ -698,7 +700,7 @@ void dense_any(const Variant& v, bool bf16, const float* x, int64_t M, int64_t K
 }
 
 struct TeamLayer {
-  const float *input_norm, *post_norm, *bias;
+  const float *input_norm, *post_norm, *bias, *qk_norm;  // qk_norm: [heads + kv_heads, dim], or none
   TeamProjection qkv, o, gate_up, down;
   TeamAdapter o_adapter, down_adapter;
 };
@@ -745,7 +747,7 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
     const auto share = [&](int64_t count) {
       return std::make_pair(count * me / team, count * (me + 1) / team);
     };
-    std::vector<float> normed(R * hidden), rows_inner(R * inner), rank_rows, key(D);
+    std::vector<float> normed(R * hidden), rows_inner(R * inner), rank_rows, key(D), normed_head(D);
     TeamInput in;
     const auto adapted = [&](const TeamAdapter& adapter, const TeamProjection& p, const float* from, int64_t K,
                              int64_t n0, int64_t n1) {
@@ -795,6 +797,10 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
         const float* row = qkv.data() + (r * heads + head) * D;
         float* rotated = head < H ? queries.data() + (r * H + head) * D : key.data();
         if (head < H + KV) {
+          if (l.qk_norm != nullptr) {  // per-head RMSNorm first, stored as its operator stores it
+            norm(row, l.qk_norm + head * D, D, eps, normed_head.data());
+            row = normed_head.data();
+          }
           rope_row(row, cos + r * D, sin + r * D, D, rotated);
           for (int64_t i = 0; half && i < D; ++i) rotated[i] = to_bf16(rotated[i]);
           if (head < H && query_scale != nullptr)
@@ -866,13 +872,14 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
 // A run of decoder layers over a call's rows, each layer exactly the operators above in the order the Python step
 // calls them (so the same bits), without a trip through Python and the dispatcher for each of the ~15
 // operators of a layer: on a 1-row call of a small model those trips cost about as much as the attention.
-// Per layer, `weights` holds 11 entries (input norm, post norm, qkv, o, gate_up, down, the qkv bias, the o
-// adapter's a and b, the down adapter's a and b; the optional ones undefined when absent), `codes` 8 (format and
+// Per layer, `weights` holds 12 entries (input norm, post norm, qkv, o, gate_up, down, the qkv bias, the o
+// adapter's a and b, the down adapter's a and b, the per-head q/k norm weights [heads + kv_heads, dim]; the
+// optional ones undefined when absent), `codes` 8 (format and
 // output features of qkv, o, gate_up and down) and `scales` 2 (the adapters' scales). Each request (segment)
 // has its own cache buffers ([layers, capacity, kv, dim]), its rows' cache slots (`starts`, or a slot tensor
 // for a paged cache), its [rows, span] visible mask and, for a paged cache, its key row map. `query_scale`
 // ([rows], Llama 4's position-dependent query scaling) multiplies the queries after RoPE, as the step does.
-constexpr int64_t LAYER_TENSORS = 11, LAYER_CODES = 8, LAYER_SCALES = 2;
+constexpr int64_t LAYER_TENSORS = 12, LAYER_CODES = 8, LAYER_SCALES = 2;
 
 at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optional<at::Tensor>>& weights,
                          at::IntArrayRef codes, at::ArrayRef<double> scales, const at::Tensor& cos, const at::Tensor& sin,
@@ -884,7 +891,7 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
   const int64_t layers = (int64_t)weights.size() / LAYER_TENSORS, segments = (int64_t)keys.size();
   TORCH_CHECK((int64_t)weights.size() == layers * LAYER_TENSORS && (int64_t)codes.size() == layers * LAYER_CODES &&
                   (int64_t)scales.size() == layers * LAYER_SCALES,
-              "specframe_kernels::decode_layers: weights, codes and scales must hold 11, 8 and 2 entries a layer");
+              "specframe_kernels::decode_layers: weights, codes and scales must hold 12, 8 and 2 entries a layer");
   TORCH_CHECK((int64_t)values.size() == segments && (int64_t)starts.size() == segments &&
                   (int64_t)slots.size() == segments && (int64_t)visible.size() == segments &&
                   (int64_t)row_maps.size() == segments && segments > 0,
@@ -908,7 +915,7 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
               alike(sin) && (!query_scale.has_value() || !query_scale->defined() || alike(*query_scale));
   for (int64_t s = 0; s < segments; ++s) team = team && alike(keys[s]) && alike(values[s]);
   for (int64_t layer = 0; layer < layers; ++layer)
-    for (int64_t item : {0, 1, 6}) {
+    for (int64_t item : {0, 1, 6, 11}) {
       const auto& t = tensor(layer, item);
       team = team && (!t.has_value() || !t->defined() || alike(*t));
     }
@@ -928,6 +935,13 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
       l.post_norm = floats(*tensor(layer, 1));
       const auto& bias = tensor(layer, 6);
       l.bias = bias.has_value() && bias->defined() ? floats(*bias) : nullptr;
+      const auto& qk_norm = tensor(layer, 11);
+      l.qk_norm = nullptr;
+      if (qk_norm.has_value() && qk_norm->defined()) {
+        TORCH_CHECK(qk_norm->numel() == (H + KV) * D, "specframe_kernels::decode_layers: layer ", layer, "'s q/k norm "
+                    "weights must be [", H + KV, ", ", D, "]");
+        l.qk_norm = floats(*qk_norm);
+      }
       l.qkv = team_projection(*tensor(layer, 2), c[0], c[1], hidden, v);
       l.o = team_projection(*tensor(layer, 3), c[2], c[3], H * D, v);
       l.gate_up = team_projection(*tensor(layer, 4), c[4], c[5], hidden, v);
@@ -1013,7 +1027,10 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
     const auto& bias = tensor(layer, 6);
     if (bias.has_value() && bias->defined()) qkv = at::add(qkv, *bias);
     qkv = qkv.view({R, H + 2 * KV, D});
-    const at::Tensor qk = rope(qkv.narrow(1, 0, H + KV), cos, sin);
+    at::Tensor qk = qkv.narrow(1, 0, H + KV);
+    const auto& qk_norm = tensor(layer, 11);
+    if (qk_norm.has_value() && qk_norm->defined()) qk = rms_norm(qk.reshape({R * (H + KV), D}), *qk_norm, eps).view({R, H + KV, D});
+    qk = rope(qk, cos, sin);
     at::Tensor q = qk.narrow(1, 0, H);
     if (query_scale.has_value() && query_scale->defined()) q = at::mul(q, query_scale->reshape({R, 1, 1}));
     std::vector<at::Tensor> outs;
