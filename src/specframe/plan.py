@@ -42,7 +42,6 @@ class LayoutTraits:
     any_order: bool
 
 
-
 class Guess(NamedTuple):
     """Tokens a lossy schedule (``exact = False``, such as ``native``) commits without a verdict.
 
@@ -51,7 +50,6 @@ class Guess(NamedTuple):
     """
 
     pairs: tuple[tuple[int, int], ...]
-
 
 
 @dataclass(frozen=True)

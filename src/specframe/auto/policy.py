@@ -253,9 +253,7 @@ class WidthPolicy:
         """
         cost, batch = self.cost, self.batch_rows
         ar_rate = 1.0 / cost.seconds(self.rows(AR, 0), context, batch)
-        return any(
-            (c.width + 1) / cost.seconds(self.rows(c, c.width), context, batch) > ar_rate for c in self.drafting
-        )
+        return any((c.width + 1) / cost.seconds(self.rows(c, c.width), context, batch) > ar_rate for c in self.drafting)
 
     def _start_probe(self, candidate: Candidate) -> Candidate:
         self._probe, self._probe_left = candidate, PROBE_CALLS - 1

@@ -256,11 +256,7 @@ def read_acceptance(folder: Path) -> tuple[float, ...] | None:
     if not path.is_file():
         return None
     values = read_json(path, "drafter acceptance").get("by_offset")
-    if (
-        not isinstance(values, list)
-        or not values
-        or not all(finite_number(v) and 0.0 <= v <= 1.0 for v in values)
-    ):
+    if not isinstance(values, list) or not values or not all(finite_number(v) and 0.0 <= v <= 1.0 for v in values):
         raise CheckpointError(
             f"{path}: by_offset must be a non-empty list of shares in [0, 1] (a draft's agreement at offsets 1, "
             f"2, ...), got {values!r}; fix or delete the file (width auto then starts from a neutral guess)"
