@@ -184,17 +184,19 @@ class LayerProgram:
     def of(cls, layers: Sequence[LayerWeights], invariant: bool) -> LayerProgram | None:
         """The program of ``layers``, or ``None`` where the step must run them itself.
 
-        That is: torch's kernels, a projection that is not the invariant operator, or an adapter whose dtype
-        the ``adapt`` operator does not take.
+        That is: torch's kernels, a projection that is not the invariant operator, a norm or bias in another
+        dtype than the rest, or an adapter whose dtype the ``adapt`` operator does not take.
         """
-        if not invariant:
+        if not invariant or not layers:
             return None
+        x_dtype = layers[0].input_norm.dtype
         tensors: list[torch.Tensor | None] = []
         codes: list[int] = []
         scales: list[float] = []
         for layer in layers:
             operators = [getattr(layer, name).operator for name in _PROJECTIONS]
-            if any(op is None for op in operators):
+            own = (layer.input_norm, layer.post_norm, layer.qkv_bias, layer.qk_norm)  # the model's dtype, unpromoted
+            if any(op is None for op in operators) or any(t is not None and t.dtype != x_dtype for t in own):
                 return None
             tensors += [layer.input_norm, layer.post_norm, *(op[0] for op in operators), layer.qkv_bias]  # type: ignore[index]
             codes += [value for op in operators for value in op[1:]]  # type: ignore[index]

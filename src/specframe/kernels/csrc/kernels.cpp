@@ -869,9 +869,9 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
   return half ? x.to(at::kBFloat16) : x;
 }
 
-// A run of decoder layers over a call's rows, each layer exactly the operators above in the order the Python step
-// calls them (so the same bits), without a trip through Python and the dispatcher for each of the ~15
-// operators of a layer: on a 1-row call of a small model those trips cost about as much as the attention.
+// A run of decoder layers over a call's rows by the team path above: each layer the code of the operators above
+// in the order the Python step calls them (so the same bits), without a trip through Python and the dispatcher
+// for each of the ~15 operators of a layer, and with one parallel region for the whole call.
 // Per layer, `weights` holds 12 entries (input norm, post norm, qkv, o, gate_up, down, the qkv bias, the o
 // adapter's a and b, the down adapter's a and b, the per-head q/k norm weights [heads + kv_heads, dim]; the
 // optional ones undefined when absent), `codes` 8 (format and
@@ -903,25 +903,38 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
   for (int64_t s = 0; s < segments; ++s) first[s + 1] = first[s] + visible[s].size(0);
   TORCH_CHECK(first[segments] == R, "specframe_kernels::decode_layers: the requests' masks hold ", first[segments],
               " rows, the call ", R);
-  const bool adapted = adapter_rows.has_value() && adapter_rows->defined();
   const auto tensor = [&](int64_t layer, int64_t item) -> const c10::optional<at::Tensor>& {
     return weights[layer * LAYER_TENSORS + item];
   };
-  // The team path takes float32 and bfloat16 models whose tensors all share the activations' dtype (where the
-  // single operators would promote a mixed pair, it leaves the call to them).
+  // float32 or bfloat16 models whose tensors all share the activations' dtype (the step builds the program for
+  // no other; where single operators would promote a mixed pair, the step's own loop runs them)
   const at::ScalarType type = input.scalar_type();
   const auto alike = [type](const at::Tensor& t) { return t.scalar_type() == type; };
-  bool team = (type == at::kFloat || type == at::kBFloat16) && input.dim() == 2 && layers > 0 && alike(cos) &&
+  bool same = (type == at::kFloat || type == at::kBFloat16) && input.dim() == 2 && layers > 0 && alike(cos) &&
               alike(sin) && (!query_scale.has_value() || !query_scale->defined() || alike(*query_scale));
-  for (int64_t s = 0; s < segments; ++s) team = team && alike(keys[s]) && alike(values[s]);
+  for (int64_t s = 0; s < segments; ++s) same = same && alike(keys[s]) && alike(values[s]);
   for (int64_t layer = 0; layer < layers; ++layer)
     for (int64_t item : {0, 1, 6, 11}) {
       const auto& t = tensor(layer, item);
-      team = team && (!t.has_value() || !t->defined() || alike(*t));
+      same = same && (!t.has_value() || !t->defined() || alike(*t));
     }
-  if (team) {  // one parallel region for the whole call
+  TORCH_CHECK(same, "specframe_kernels::decode_layers: x must be [rows, hidden] float32 or bfloat16, and the "
+              "norms, biases, rotary tables, query scales and caches of its dtype");
+  {  // one parallel region for the whole call
     const Variant& v = variant();
     std::vector<at::Tensor> held;  // contiguous copies the team reads through raw pointers
+    // an int64 list of `count` cache rows, each below `capacity`, held for the team
+    const auto cache_rows = [&](const at::Tensor& rows, int64_t count, int64_t capacity, const char* what) {
+      held.push_back(rows.contiguous());
+      const at::Tensor& list = held.back();
+      TORCH_CHECK(list.scalar_type() == at::kLong && list.numel() == count, "specframe_kernels::decode_layers: a "
+                  "request's ", what, " must be int64 [", count, "]");
+      const int64_t* at = list.data_ptr<int64_t>();
+      for (int64_t i = 0; i < count; ++i)
+        TORCH_CHECK(at[i] >= 0 && at[i] < capacity, "specframe_kernels::decode_layers: a request's ", what,
+                    " points outside its cache of ", capacity, " rows");
+      return at;
+    };
     const auto floats = [&](const at::Tensor& t) {
       held.push_back(t.to(at::kFloat).contiguous());
       return held.back().data_ptr<float>();
@@ -971,32 +984,20 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
       TeamSegment part{k.data_ptr(), values[s].data_ptr(), k.stride(0), k.stride(1), first[s],
                        seen.size(0), starts[s], seen.size(1), nullptr, nullptr, seen.data_ptr<bool>()};
       if (slots[s].has_value() && slots[s]->defined()) {
-        held.push_back(slots[s]->to(at::kLong).contiguous());
-        TORCH_CHECK(held.back().numel() == part.rows, "specframe_kernels::decode_layers: a request's slots must name "
-                    "one cache row per new row");
-        part.slots = held.back().data_ptr<int64_t>();
-        for (int64_t r = 0; r < part.rows; ++r)
-          TORCH_CHECK(part.slots[r] >= 0 && part.slots[r] < k.size(1), "specframe_kernels::decode_layers: a slot "
-                      "points outside the cache");
+        part.slots = cache_rows(*slots[s], part.rows, k.size(1), "slots (one per new row)");
       } else {
         TORCH_CHECK(part.start >= 0 && part.start + part.rows <= k.size(1), "specframe_kernels::decode_layers: the "
                     "new rows do not fit the cache");
       }
       if (row_maps[s].has_value() && row_maps[s]->defined()) {
-        held.push_back(row_maps[s]->contiguous());
-        TORCH_CHECK(held.back().scalar_type() == at::kLong && held.back().numel() == part.span,
-                    "specframe_kernels::decode_layers: a row map must be int64 [span]");
-        part.row_map = held.back().data_ptr<int64_t>();
-        for (int64_t j = 0; j < part.span; ++j)
-          TORCH_CHECK(part.row_map[j] >= 0 && part.row_map[j] < k.size(1), "specframe_kernels::decode_layers: a row "
-                      "map points outside the cache");
+        part.row_map = cache_rows(*row_maps[s], part.span, k.size(1), "row map (one per key)");
       } else {
         TORCH_CHECK(part.span <= k.size(1), "specframe_kernels::decode_layers: the mask spans more rows than the cache");
       }
       parts.push_back(part);
     }
     const bool* marked = nullptr;
-    if (adapted) {
+    if (adapter_rows.has_value() && adapter_rows->defined()) {
       held.push_back(adapter_rows->contiguous());
       TORCH_CHECK(held.back().scalar_type() == at::kBool && held.back().numel() == R,
                   "specframe_kernels::decode_layers: adapter_rows must be bool [rows]");
@@ -1012,49 +1013,6 @@ at::Tensor decode_layers(const at::Tensor& input, const std::vector<c10::optiona
     return decode_layers_team(input, plan, parts, floats(cos), floats(sin), scaled, marked, H, KV, D, (float)eps,
                               (float)softmax_scale, type == at::kBFloat16);
   }
-  const auto project = [&](const at::Tensor& x, int64_t layer, int64_t which) {
-    return linear(x, *tensor(layer, 2 + which), codes[layer * LAYER_CODES + 2 * which],
-                  codes[layer * LAYER_CODES + 2 * which + 1]);
-  };
-  const auto adapt_if = [&](const at::Tensor& projected, const at::Tensor& x, int64_t layer, int64_t which) {
-    const auto& a = tensor(layer, 7 + 2 * which);
-    if (!adapted || !a.has_value() || !a->defined()) return projected;
-    return adapt(projected, x, *a, *tensor(layer, 8 + 2 * which), scales[layer * LAYER_SCALES + which], *adapter_rows);
-  };
-  at::Tensor x = input;
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    at::Tensor qkv = project(rms_norm(x, *tensor(layer, 0), eps), layer, 0);
-    const auto& bias = tensor(layer, 6);
-    if (bias.has_value() && bias->defined()) qkv = at::add(qkv, *bias);
-    qkv = qkv.view({R, H + 2 * KV, D});
-    at::Tensor qk = qkv.narrow(1, 0, H + KV);
-    const auto& qk_norm = tensor(layer, 11);
-    if (qk_norm.has_value() && qk_norm->defined()) qk = rms_norm(qk.reshape({R * (H + KV), D}), *qk_norm, eps).view({R, H + KV, D});
-    qk = rope(qk, cos, sin);
-    at::Tensor q = qk.narrow(1, 0, H);
-    if (query_scale.has_value() && query_scale->defined()) q = at::mul(q, query_scale->reshape({R, 1, 1}));
-    std::vector<at::Tensor> outs;
-    for (int64_t s = 0; s < segments; ++s) {
-      const int64_t rows = first[s + 1] - first[s];
-      const at::Tensor k = qk.narrow(0, first[s], rows).narrow(1, H, KV);
-      const at::Tensor v = qkv.narrow(0, first[s], rows).narrow(1, H + KV, KV);
-      const at::Tensor layer_keys = keys[s].select(0, layer), layer_values = values[s].select(0, layer);
-      if (slots[s].has_value() && slots[s]->defined()) {
-        layer_keys.index_copy_(0, *slots[s], k);
-        layer_values.index_copy_(0, *slots[s], v);
-      } else {
-        layer_keys.narrow(0, starts[s], rows).copy_(k);
-        layer_values.narrow(0, starts[s], rows).copy_(v);
-      }
-      outs.push_back(
-          attention(q.narrow(0, first[s], rows), layer_keys, layer_values, visible[s], softmax_scale, row_maps[s]));
-    }
-    const at::Tensor attended = segments == 1 ? outs[0] : at::cat(outs);
-    x = at::add(x, adapt_if(project(attended, layer, 1), attended, layer, 0));
-    const at::Tensor inner = silu_mul(project(rms_norm(x, *tensor(layer, 1), eps), layer, 2));
-    x = at::add(x, adapt_if(project(inner, layer, 3), inner, layer, 1));
-  }
-  return x;
 }
 
 std::vector<std::string> variant_names() {
