@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from specframe.kernels.build import SWITCH, build_id, load, unavailable_reason
+from specframe.kernels.build import SWITCH, build_id, load, one_thread_reason, unavailable_reason
 from specframe.kernels.quant import FORMATS, PACKED_OFFSET, QUANTIZED, Format, dequantize, format_of, quantize, repack
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "quantize",
     "repack",
     "group_rows",
+    "one_thread_reason",
     "unavailable_reason",
     "variant",
     "variants",

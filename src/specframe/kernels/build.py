@@ -33,13 +33,18 @@ SWITCH = "SPECFRAME_KERNELS"
 
 SOURCES = Path(__file__).with_name("csrc")
 _FILES = ("kernels.cpp", "simd.inc")
-_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"]
+_FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"]
+_OPENMP = "-fopenmp"
+_NO_OPENMP = "openmp-failed.txt"  # in the OpenMP build's folder: why it failed, so the retry is not repeated
 # -ffp-contract=off: no a*b+c is fused unless the code says so, so that every tile of a kernel rounds alike.
 # -fopenmp: at::parallel_for is a header template whose OpenMP build is a `#pragma omp parallel`; compiled
 # without it the pragma is dropped and every "parallel" loop runs on the calling thread alone. The library
 # links libgomp.so.1, which resolves to the copy torch has already loaded (one OpenMP runtime, one pool).
+# A compiler without OpenMP (clang without libomp) gets a second build without it: the same code and the
+# same bits (each output is reduced by one thread in a fixed order whichever thread it is), on one thread.
 
 _reason: str | None = None
+_one_thread: str | None = None
 
 
 def compiler() -> str | None:
@@ -47,12 +52,41 @@ def compiler() -> str | None:
     return shutil.which(os.environ.get("CXX", "c++"))
 
 
-def _digest(cxx: str) -> str:
+def _flags(openmp: bool) -> list[str]:
+    return [*_FLAGS, _OPENMP] if openmp else list(_FLAGS)
+
+
+def _digest(cxx: str, openmp: bool = True) -> str:
     text = hashlib.sha256()
     for name in _FILES:
         text.update((SOURCES / name).read_bytes())
-    text.update(" ".join([torch.__version__, sys.version, cxx, *_FLAGS]).encode())
+    text.update(" ".join([torch.__version__, sys.version, cxx, *_flags(openmp)]).encode())
     return text.hexdigest()[:16]
+
+
+def _build(cxx: str, openmp: bool) -> ModuleType:
+    """Compile (or load the cached) library with or without OpenMP; raises what the build raised."""
+    from torch.utils import cpp_extension
+
+    digest = _digest(cxx, openmp)
+    folder = build_root() / digest
+    folder.mkdir(parents=True, exist_ok=True)
+    if not (folder / f"specframe_kernels_{digest}.so").exists():
+        print(f"specframe: building its CPU kernels once ({cxx}, about a minute) in {folder}", file=sys.stderr)
+    return cpp_extension.load(
+        name=f"specframe_kernels_{digest}",
+        sources=[str(SOURCES / "kernels.cpp")],
+        extra_cflags=_flags(openmp),
+        extra_ldflags=[_OPENMP] if openmp else [],
+        extra_include_paths=[str(SOURCES)],
+        build_directory=str(folder),
+        verbose=False,
+    )
+
+
+def _last_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[-1] if text else type(error).__name__
 
 
 @functools.cache
@@ -62,34 +96,35 @@ def load() -> ModuleType | None:
     Builds them on first use (about a minute on 2 cores) and caches the library; the reason for ``None`` is
     :func:`unavailable_reason`.
     """
-    global _reason
+    global _reason, _one_thread
     _reason = _missing()
     if _reason is not None:
         _fall_back()
         return None
-    from torch.utils import cpp_extension
-
     cxx = str(compiler())
-    digest = _digest(cxx)
-    folder = build_root() / digest
+    marker = build_root() / _digest(cxx) / _NO_OPENMP
+    first = marker.read_text().strip() if marker.exists() else None
+    if first is None:
+        try:
+            return _build(cxx, openmp=True)
+        except Exception as error:  # a compiler without OpenMP, a compiler error, a full disk, ...
+            first = _last_line(error)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        if not (folder / f"specframe_kernels_{digest}.so").exists():
-            print(f"specframe: building its CPU kernels once ({cxx}, about a minute) in {folder}", file=sys.stderr)
-        module = cpp_extension.load(
-            name=f"specframe_kernels_{digest}",
-            sources=[str(SOURCES / "kernels.cpp")],
-            extra_cflags=_FLAGS,
-            extra_ldflags=["-fopenmp"],
-            extra_include_paths=[str(SOURCES)],
-            build_directory=str(folder),
-            verbose=False,
+        module = _build(cxx, openmp=False)
+    except Exception as error:  # the fallback still runs the model
+        _reason = (
+            f"building them failed ({_last_line(error)}); see {marker.parent}, and report it with your "
+            "compiler's version"
         )
-    except Exception as error:  # a compiler error, a full disk, ...: the fallback still runs the model
-        last = str(error).strip().splitlines()[-1] if str(error).strip() else type(error).__name__
-        _reason = f"building them failed ({last}); see {folder}, and report it with your compiler's version"
         _fall_back()
         return None
+    if not marker.exists():
+        marker.write_text(first + "\n")  # later processes go straight to this build
+    _one_thread = (
+        f"built without OpenMP, so they run on one thread ({cxx} failed with {_OPENMP}: {first}); install "
+        f"OpenMP for it (libomp-dev for clang) or set CXX to g++, then delete {marker}"
+    )
+    print(f"specframe: its CPU kernels were {_one_thread}", file=sys.stderr)
     return module
 
 
@@ -100,7 +135,7 @@ def build_id() -> str | None:
     """
     if load() is None:
         return None
-    return _digest(str(compiler()))
+    return _digest(str(compiler()), openmp=_one_thread is None)
 
 
 def build_root() -> Path:
@@ -130,6 +165,12 @@ def _fall_back() -> None:
         f"of different sizes differently, so outputs are not guaranteed equal to AR's ({SWITCH}=0 hides this)",
         file=sys.stderr,
     )
+
+
+def one_thread_reason() -> str | None:
+    """Why the loaded kernels run on one thread (built without OpenMP, with what to do), else ``None``."""
+    load()
+    return _one_thread
 
 
 def unavailable_reason() -> str | None:

@@ -203,7 +203,8 @@ class DecoderBackend(ModelBackend):
         """Which kernels run this model's calls, and whether outputs are guaranteed invariant to row counts.
 
         ``{"kernels": "specframe avx512+vnni" | "torch", "invariant": bool, "weights": [formats], "note": str}``,
-        with specframe's kernels also ``"build"``, the digest of their build (:func:`specframe.kernels.build_id`):
+        with specframe's kernels also ``"build"``, the digest of their build (:func:`specframe.kernels.build_id`),
+        and ``"parallel"``, false where they were built without OpenMP and run on one thread:
         with specframe's kernels every row's logits are bitwise what a one-row call gives it (so speculative
         outputs equal AR's in any dtype); torch's kernels round calls of different sizes differently.
         """
@@ -212,8 +213,11 @@ class DecoderBackend(ModelBackend):
         formats = sorted({getattr(p, "format", str(self.dtype).removeprefix("torch.")) for p in projections})
         if w.invariant:
             note = "each row reduces alone: speculative outputs are AR's bitwise"
+            one_thread = kernels.one_thread_reason()
+            if one_thread is not None:
+                note += f"; the kernels were {one_thread}"
             report = {"kernels": f"specframe {kernels.variant()}", "invariant": True, "weights": formats, "note": note}
-            return {**report, "build": kernels.build_id()}
+            return {**report, "build": kernels.build_id(), "parallel": one_thread is None}
         if not self.cpu_tuning:
             why = "CPU tuning is off"
         elif self.device.type != "cpu" or self.dtype not in (torch.float32, torch.bfloat16):
