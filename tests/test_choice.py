@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from decoding_helpers import FAMILIES, NEMOTRON, SETDLM, eos_ids, tiny_model
-from specframe import compose
+from specframe import compose, kernels
 from specframe.auto import costs as costs_module
 from specframe.auto import policy as auto_module
 from specframe.auto.costs import CostModel, cost_model_for, fit, load_cached, model_key, save
@@ -28,6 +28,7 @@ from specframe.auto.schedule import AUTO_MAX_WIDTH, AutoSchedule
 from specframe.auto.stats import AcceptanceStats, CallTimes, CallTokens, default_prior
 from specframe.cli import main
 from specframe.errors import ConfigError
+from specframe.models import load_model
 
 VOCAB = 24
 PROMPTS = ([3, 5, 7], [9, 2], [1, 2, 11, 4, 6, 8])
@@ -1069,3 +1070,14 @@ def test_an_unwritable_cost_cache_is_told_once_and_the_model_still_serves(models
         warnings.simplefilter("error")  # a second failure in the same folder stays quiet
         assert save(cost) is None
     assert load_cached(cost.key) is None
+
+
+@pytest.mark.skipif(not kernels.available(), reason=f"no kernels: {kernels.unavailable_reason()}")
+def test_a_model_quantized_at_load_has_its_own_cost_table():
+    # --quant keeps the float checkpoint's parameters, so the key once matched the float model's: a q8_0 run
+    # calibrated a table that a later float32 run of the same checkpoint took for its own.
+    plain = load_model("nemotron-stdlib-tiny", dtype="float32")
+    quantized = load_model("nemotron-stdlib-tiny", dtype="float32", quant="q8_0")
+    assert model_key(plain)["formats"] != model_key(quantized)["formats"]
+    assert costs_module.cache_path(model_key(plain)) != costs_module.cache_path(model_key(quantized))
+    assert model_key(plain) == model_key(load_model("nemotron-stdlib-tiny", dtype="float32"))

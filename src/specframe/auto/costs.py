@@ -49,8 +49,10 @@ WARMUP_S = 1.0
 #: Bump when the calibration procedure changes, so that old cache files are not reused. 4: calls of several
 #: rows are timed with their drafting rows on the adapter. 5: a count's value is the median of its ratios to
 #: the adjacent 1-row calls (times the fastest 1-row call), no longer its own fastest timing. 6: the key names
-#: the build of specframe's kernels (a new build can change every call's cost: threads, fused layers).
-VERSION = 6
+#: the build of specframe's kernels (a new build can change every call's cost: threads, fused layers). 7: the
+#: key names the projections' weight formats (a model quantized at load, ``--quant q8_0``, has the parameters
+#: of its float checkpoint and shared its table).
+VERSION = 7
 #: A cached table is measured again when a 10-row call over a 1-row call (the median of paired ratios, as in
 #: :func:`calibrate`) is off from the table's ratio by more than this factor either way, twice (a uniform
 #: slowdown is the observed load's to absorb).
@@ -202,15 +204,16 @@ def model_key(model: ModelBackend) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "path": str(getattr(model, "path", "eager")),  # eager or compiled forwards
         "torch": torch.__version__,
-        "kernels": _kernel_build(model),
+        "kernels": _kernel_report(model).get("build"),
+        "formats": _kernel_report(model).get("weights"),
         "version": VERSION,
     }
 
 
-def _kernel_build(model: ModelBackend) -> str | None:
-    """The build of the kernels that run ``model`` (its ``kernel_report``'s ``build``), or ``None``."""
+def _kernel_report(model: ModelBackend) -> dict[str, Any]:
+    """``model``'s ``kernel_report`` (the kernels' build, the weights' formats), or ``{}`` where it has none."""
     report = getattr(model, "kernel_report", None)
-    return report().get("build") if callable(report) else None
+    return report() if callable(report) else {}
 
 
 def cache_path(key: Mapping[str, Any]) -> Path:
