@@ -1081,3 +1081,28 @@ def test_a_model_quantized_at_load_has_its_own_cost_table():
     assert model_key(plain)["formats"] != model_key(quantized)["formats"]
     assert costs_module.cache_path(model_key(plain)) != costs_module.cache_path(model_key(quantized))
     assert model_key(plain) == model_key(load_model("nemotron-stdlib-tiny", dtype="float32"))
+
+
+def test_in_a_batch_linear_ss_is_priced_with_its_drafting_call_before_a_probe():
+    """Linear-SS spends a drafting call that adds no token before each verification: in a batch where a
+    verification of W drafts alone would repay its rows at full acceptance but the pair cannot, no probe."""
+    candidates = [AR, *(Candidate("linear", w, "linear") for w in (1, 2))]
+
+    def rows(candidate, kappa):  # the drafting call: the pending token and W masks; the verification: W drafts
+        return 1 if candidate.kind == "ar" else kappa if kappa else candidate.width + 1
+
+    def probes(delta_per_row):
+        policy = auto_module.WidthPolicy(candidates, rows, size=3, free_bonus=True)
+        policy.bind(CostModel(0.0001, delta_per_row, source="given"), deterministic=False)
+        policy.start_request()
+        labels = []
+        for _ in range(300):
+            candidate = policy.choose(100)
+            labels.append(candidate.label)
+            policy.observe_call(rows(candidate, candidate.width), 0.01, 100, 200)
+            policy.observe_verification([("prefix", d) for d in range(1, candidate.width + 1)], 0, 1)
+        return [label for label in labels[40:] if label != "ar"]
+
+    # Each row costs delta in the batch: a pair is 2W + 1 rows for at most W + 1 tokens (worse than AR's row a
+    # token), while its verification alone, W rows for W + 1 tokens, beats AR and looked worth a probe.
+    assert probes(0.001) == []

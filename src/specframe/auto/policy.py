@@ -249,11 +249,21 @@ class WidthPolicy:
 
         Sharing a forward with other requests, a request's extra rows cost what they add to the whole batch's
         call; where that is more per token than an AR call's row even at full acceptance, a probe of drafting
-        can only lose.
+        can only lose. Each candidate is priced by its steady state at full acceptance, so Linear-SS's drafting
+        call (which adds no token) counts too.
         """
         cost, batch = self.cost, self.batch_rows
-        ar_rate = 1.0 / cost.seconds(self.rows(AR, 0), context, batch)
-        return any((c.width + 1) / cost.seconds(self.rows(c, c.width), context, batch) > ar_rate for c in self.drafting)
+
+        def seconds(rows: int) -> float:
+            return cost.seconds(rows, context, batch)
+
+        certain = {"prefix": (1.0, 1.0), "branch": (1.0, 1.0)}
+        ar_rate = 1.0 / seconds(self.rows(AR, 0))
+        for c in self.drafting:
+            tokens, spent = steady_state(c, certain, seconds, self.rows, free_bonus=self.free_bonus, k=self.k)
+            if tokens / spent > ar_rate:
+                return True
+        return False
 
     def _start_probe(self, candidate: Candidate) -> Candidate:
         self._probe, self._probe_left = candidate, PROBE_CALLS - 1
