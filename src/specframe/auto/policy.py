@@ -249,19 +249,17 @@ class WidthPolicy:
 
         Sharing a forward with other requests, a request's extra rows cost what they add to the whole batch's
         call; where that is more per token than an AR call's row even at full acceptance, a probe of drafting
-        can only lose. Each candidate is priced by its steady state at full acceptance, so Linear-SS's drafting
-        call (which adds no token) counts too.
+        can only lose. Linear-SS's drafting call, which adds no token, is priced with its verification.
         """
         cost, batch = self.cost, self.batch_rows
 
-        def seconds(rows: int) -> float:
-            return cost.seconds(rows, context, batch)
+        def seconds(c: Candidate, kappa: int) -> float:
+            return cost.seconds(self.rows(c, kappa), context, batch)
 
-        certain = {"prefix": (1.0, 1.0), "branch": (1.0, 1.0)}
-        ar_rate = 1.0 / seconds(self.rows(AR, 0))
+        ar_rate = 1.0 / seconds(AR, 0)
         for c in self.drafting:
-            tokens, spent = steady_state(c, certain, seconds, self.rows, free_bonus=self.free_bonus, k=self.k)
-            if tokens / spent > ar_rate:
+            spent = seconds(c, c.width) + (seconds(c, 0) if c.kind == "linear" else 0.0)
+            if (c.width + 1) / spent > ar_rate:
                 return True
         return False
 
