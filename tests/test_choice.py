@@ -1106,3 +1106,20 @@ def test_in_a_batch_linear_ss_is_priced_with_its_drafting_call_before_a_probe():
     # Each row costs delta in the batch: a pair is 2W + 1 rows for at most W + 1 tokens (worse than AR's row a
     # token), while its verification alone, W rows for W + 1 tokens, beats AR and looked worth a probe.
     assert probes(0.001) == []
+
+
+def test_a_split_chain_is_averaged_as_stepping_it_would():
+    # Certain acceptance splits Packed-SS's chain (a leftover state that maps to itself, a cycle through the
+    # others), where the elimination has no pivot: the average over 256 steps from the last state, now summed
+    # by doubling (step by step it took ~9 ms of plain Python per estimate at W=16).
+    for size in (4, 9, 17):
+        chain = [[0.0] * size for _ in range(size)]
+        chain[1][1] = 1.0  # a class of its own, never reached from the last state
+        cycle = [0, *range(2, size)]  # the last state steps to 0, 0 to 2, ..., back to the last
+        for a, b in zip([size - 1, *cycle], cycle, strict=False):
+            chain[a][b] = 1.0
+        stepped, current = [0.0] * size, [0.0] * (size - 1) + [1.0]
+        for _ in range(256):
+            current = [sum(current[i] * chain[i][j] for i in range(size)) for j in range(size)]
+            stepped = [a + b for a, b in zip(stepped, current, strict=True)]
+        assert stationary(chain) == pytest.approx([v / sum(stepped) for v in stepped], abs=1e-12)

@@ -152,15 +152,20 @@ def stationary(transitions: list[list[float]]) -> list[float]:
     return [p / total for p in pi] if total > 0 else _averaged(transitions)
 
 
-def _averaged(transitions: list[list[float]]) -> list[float]:
-    n = len(transitions)
-    current = [0.0] * (n - 1) + [1.0]
-    pi = [0.0] * n
-    for _ in range(256):
-        current = [sum(current[i] * transitions[i][j] for i in range(n)) for j in range(n)]
-        pi = [p + c for p, c in zip(pi, current, strict=True)]
-    total = sum(pi)
-    return [p / total for p in pi]
+def _averaged(transitions: list[list[float]], steps_log2: int = 8) -> list[float]:
+    """The average distribution over the first ``2 ** steps_log2`` steps from the last state.
+
+    Summed by doubling (``S_2m = S_m + P^m S_m``), a handful of small matrix products: step by step in plain
+    Python the 256 steps of a 17-state chain took about 9 ms, on every estimate that met a split chain.
+    """
+    import numpy as np
+
+    p = np.asarray(transitions, dtype=np.float64)
+    total, power = p.copy(), p.copy()  # sum of P^1 .. P^m, and P^m
+    for _ in range(steps_log2):
+        total, power = total + power @ total, power @ power
+    row = total[-1]
+    return (row / row.sum()).tolist()
 
 
 def best(
