@@ -234,7 +234,8 @@ def add_model_options(parser: argparse.ArgumentParser, *, adapter: bool = True) 
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="compiled model calls over a fixed-capacity cache (torch.compile; slow warm-up)",
+        help="compiled model calls over a fixed-capacity cache (torch.compile; slow warm-up; for GPUs: on the CPU "
+        "with specframe's kernels the default eager path is faster, running the layers as one call)",
     )
 
 
