@@ -194,6 +194,7 @@ def model_key(model: ModelBackend) -> dict[str, Any]:
     """What a cost model depends on: the model's identity, device, dtype, threads, compilation, torch."""
     network = getattr(model, "network", None)
     parameters = list(network.parameters()) if isinstance(network, torch.nn.Module) else []
+    kernels = _kernel_report(model)
     return {
         "model": model.describe().get("name", model.name),
         "family": model.family,
@@ -204,8 +205,8 @@ def model_key(model: ModelBackend) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "path": str(getattr(model, "path", "eager")),  # eager or compiled forwards
         "torch": torch.__version__,
-        "kernels": _kernel_report(model).get("build"),
-        "formats": _kernel_report(model).get("weights"),
+        "kernels": kernels.get("build"),
+        "formats": kernels.get("weights"),
         "version": VERSION,
     }
 

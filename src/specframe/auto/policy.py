@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from specframe.auto.costs import CostModel
-from specframe.auto.rates import AR, Candidate, Rates, best, steady_state
+from specframe.auto.rates import AR, Candidate, Rates, best, full_acceptance, steady_state
 from specframe.auto.stats import LEARN_CALLS, AcceptanceStats, CallTimes, CallTokens, PooledCounts, measured_prior
 
 #: Calls between two re-estimations of plain AR calls and the widths next to the current pick.
@@ -253,13 +253,13 @@ class WidthPolicy:
         """
         cost, batch = self.cost, self.batch_rows
 
-        def seconds(c: Candidate, kappa: int) -> float:
-            return cost.seconds(self.rows(c, kappa), context, batch)
+        def seconds(rows: int) -> float:
+            return cost.seconds(rows, context, batch)
 
-        ar_rate = 1.0 / seconds(AR, 0)
+        ar_rate = 1.0 / seconds(self.rows(AR, 0))
         for c in self.drafting:
-            spent = seconds(c, c.width) + (seconds(c, 0) if c.kind == "linear" else 0.0)
-            if (c.width + 1) / spent > ar_rate:
+            tokens, spent = full_acceptance(c, seconds, self.rows)
+            if tokens / spent > ar_rate:
                 return True
         return False
 

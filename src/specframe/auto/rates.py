@@ -75,6 +75,23 @@ def throughput(candidate: Candidate, q: Rates, seconds: Callable[[int], float], 
     return tokens / spent
 
 
+def full_acceptance(
+    candidate: Candidate, seconds: Callable[[int], float], rows: Callable[[Candidate, int], int]
+) -> tuple[float, float]:
+    """Tokens and seconds per call of ``candidate`` were every draft token accepted: the most it can do.
+
+    Each drafting call then adds its ``W`` drafts and one verifier token; Linear-SS spends a drafting call
+    that adds none on each verification, so its pair is averaged as in :func:`steady_state`.
+    """
+    kind, width = candidate.kind, candidate.width
+    if kind == "ar" or width == 0:
+        return 1.0, seconds(rows(candidate, 0))
+    verify = seconds(rows(candidate, width))
+    if kind == "linear":
+        return (width + 1) / 2, (seconds(rows(candidate, 0)) + verify) / 2
+    return float(width + 1), verify
+
+
 def steady_state(
     candidate: Candidate,
     q: Rates,
