@@ -734,6 +734,7 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
   int64_t widest = hidden;
   for (const auto& l : layers) widest = std::max({widest, l.qkv.N, l.gate_up.N, l.o.N, l.down.N});
   std::vector<float> qkv(R * heads * D), queries(R * H * D), attended(R * H * D), projected(R * widest);
+  std::vector<float> down_out(R * hidden);
   std::vector<float> updates(std::max<int64_t>(1, P * widest));
   SpinBarrier barrier;
   std::atomic<int64_t> joined{0}, units{0};
@@ -750,7 +751,7 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
     std::vector<float> normed(R * hidden), rows_inner(R * inner), rank_rows, key(D), normed_head(D);
     TeamInput in;
     const auto adapted = [&](const TeamAdapter& adapter, const TeamProjection& p, const float* from, int64_t K,
-                             int64_t n0, int64_t n1) {
+                             float* output, int64_t n0, int64_t n1) {
       // projected (own outputs) + scale * (x A^T) B^T on the marked rows, as `adapt` computes them
       if (adapter.a == nullptr || P == 0 || n0 >= n1) return;
       std::vector<float> xs(P * K);
@@ -759,17 +760,17 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
       dense_any(v, adapter.bf16, xs.data(), P, K, adapter.a, adapter.rank, rank_rows.data(), 0, adapter.rank);
       dense_any(v, adapter.bf16, rank_rows.data(), P, adapter.rank, adapter.b, p.N, updates.data(), n0, n1);
       for (int64_t i = 0; i < P; ++i) {
-        float* o = projected.data() + picked[i] * p.N;
+        float* o = output + picked[i] * p.N;
         for (int64_t n = n0; n < n1; ++n) {
           const float scaled = updates[i * p.N + n] * adapter.scale;
           o[n] = round(o[n] + scaled);
         }
       }
     };
-    const auto residual = [&](const TeamProjection& p, int64_t u0, int64_t u1) {
+    const auto residual = [&](const TeamProjection& p, const float* output, int64_t u0, int64_t u1) {
       const int64_t n0 = u0 * p.unit, n1 = std::min(p.N, u1 * p.unit);
       for (int64_t r = 0; r < R; ++r)
-        for (int64_t n = n0; n < n1; ++n) xp[r * hidden + n] = round(xp[r * hidden + n] + projected[r * p.N + n]);
+        for (int64_t n = n0; n < n1; ++n) xp[r * hidden + n] = round(xp[r * hidden + n] + output[r * p.N + n]);
     };
     const auto project = [&](const TeamProjection& p, float* out, int64_t u0, int64_t u1) {
       project_units(v, p, in, out, u0, u1);  // then each output stored as its operator stores it
@@ -847,8 +848,8 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
       in.set(v, attended.data(), R, H * D, l.o.quantized());
       auto [o0, o1] = share(l.o.units);
       project(l.o, projected.data(), o0, o1);
-      adapted(l.o_adapter, l.o, attended.data(), H * D, o0 * l.o.unit, std::min(l.o.N, o1 * l.o.unit));
-      residual(l.o, o0, o1);
+      adapted(l.o_adapter, l.o, attended.data(), H * D, projected.data(), o0 * l.o.unit, std::min(l.o.N, o1 * l.o.unit));
+      residual(l.o, projected.data(), o0, o1);
       barrier.wait(team);
       for (int64_t r = 0; r < R; ++r) norm(xp + r * hidden, l.post_norm, hidden, eps, normed.data() + r * hidden);
       in.set(v, normed.data(), R, hidden, l.gate_up.quantized());
@@ -857,12 +858,13 @@ at::Tensor decode_layers_team(const at::Tensor& input, const std::vector<TeamLay
       barrier.wait(team);
       v.silu_mul_rows(projected.data(), R, inner, rows_inner.data());
       for (int64_t i = 0; half && i < R * inner; ++i) rows_inner[i] = to_bf16(rows_inner[i]);
-      barrier.wait(team);  // everyone has read gate_up before the down projection writes over it
+      // the down projection writes a buffer of its own, so no thread waits for the others to read gate_up
       in.set(v, rows_inner.data(), R, inner, l.down.quantized());
       auto [d0, d1] = share(l.down.units);
-      project(l.down, projected.data(), d0, d1);
-      adapted(l.down_adapter, l.down, rows_inner.data(), inner, d0 * l.down.unit, std::min(l.down.N, d1 * l.down.unit));
-      residual(l.down, d0, d1);
+      project(l.down, down_out.data(), d0, d1);
+      adapted(l.down_adapter, l.down, rows_inner.data(), inner, down_out.data(), d0 * l.down.unit,
+              std::min(l.down.N, d1 * l.down.unit));
+      residual(l.down, down_out.data(), d0, d1);
       barrier.wait(team);
     }
   });
