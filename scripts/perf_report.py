@@ -20,7 +20,8 @@ method alike; the ratios are what to read):
 
 1. the weight-streaming floor: the time of one 1-row product over a matrix holding as many bytes as the
    model's weights, the same over the bytes a 1-row call must read (the weights less the input
-   embedding), and the memory copy bandwidth;
+   embedding), the memory copy and read bandwidths, and the read floor: those weights and the keys and
+   values a 1-row call reads over the 128-row cache, at the faster bandwidth;
 2. the call-cost fit ``time = tau + delta x rows`` of single model calls over a 128-row cache, per path
    (``eager``: the default path; ``compiled``: the same step as one torch.compile graph), the
    1-row call against the floor, and the ridge point ``tau / delta`` (rows at which a call costs twice a
@@ -98,6 +99,12 @@ def streamed_bytes(model: Any) -> int:
         if data is not None and data.dtype == torch.uint8:  # blocks: the kernel streams these instead
             total += data.numel() - projection.weight.numel() * projection.weight.element_size()
     return total
+
+
+def cache_bytes(model: Any, context: int) -> int:
+    """Bytes of keys and values a 1-row call over ``context`` cached rows reads (every layer, its own row too)."""
+    element = torch.empty((), dtype=model.dtype).element_size()
+    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * (context + 1) * element
 
 
 def streaming_floor(nbytes: int, dtype: torch.dtype, device: torch.device, repeats: int = 20) -> dict[str, float]:
@@ -477,9 +484,11 @@ def _calls_table(result: dict[str, Any], key: str, fitted: str) -> list[str]:
 
 
 def read_floor_ms(result: dict[str, Any]) -> float:
-    """The streamed bytes at the faster of the copy and read bandwidths measured (a floor must not overstate)."""
+    """What a 1-row call must read (streamed weights and the cache's keys and values) at the faster of the copy
+    and read bandwidths measured (a floor must not overstate)."""
     f = result["floor"]
-    return result["streamed_bytes"] / (max(f["copy_gb_s"], f.get("read_gb_s", 0.0)) * 1e6)
+    nbytes = result["streamed_bytes"] + result.get("cache_bytes", 0)
+    return nbytes / (max(f["copy_gb_s"], f.get("read_gb_s", 0.0)) * 1e6)
 
 
 def render(result: dict[str, Any]) -> str:
@@ -496,8 +505,9 @@ def render(result: dict[str, Any]) -> str:
         f"over as many bytes; median {f['floor_ms_median']:.3f}); copy bandwidth {f['copy_gb_s']:.1f} GB/s "
         f"(bytes read and written), read bandwidth {f.get('read_gb_s', float('nan')):.1f} GB/s (a float32 sum)",
         f"- streamed floor {f['streamed_floor_ms']:.3f} ms: the same over the {result['streamed_bytes'] / 2**20:.1f} "
-        "MiB a 1-row call must read (the weights less the input embedding, of which a call reads one row); "
-        f"at the faster of the two bandwidths those bytes take {read_floor_ms(result):.3f} ms (the read floor)",
+        "MiB of weights a 1-row call must read (the weights less the input embedding, of which a call reads one "
+        f"row); with the {result.get('cache_bytes', 0) / 2**20:.1f} MiB of keys and values it reads over the "
+        f"{CONTEXT}-row cache, at the faster of the two bandwidths, {read_floor_ms(result):.3f} ms (the read floor)",
     ]
     if result.get("kernels"):
         k = result["kernels"]
@@ -625,6 +635,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "parameters": model.num_parameters,
         "weight_bytes": nbytes,
         "streamed_bytes": streamed,
+        "cache_bytes": cache_bytes(model, CONTEXT),
         "floor": floor,
         "calls": calls,
         "tokens": args.tokens,
