@@ -22,7 +22,7 @@ method alike; the ratios are what to read):
    model's weights, the same over the bytes a 1-row call must read (the weights less the input
    embedding), the memory copy and read bandwidths, and the read floor: those weights and the keys and
    values a 1-row call reads over the 128-row cache, at the faster bandwidth;
-2. the call-cost fit ``time = tau + delta x rows`` of single model calls over a 128-row cache, per path
+2. the call-cost fit ``time = tau + delta x rows`` of single model calls over a 128-row cache (``--context``), per path
    (``eager``: the default path; ``compiled``: the same step as one torch.compile graph), the
    1-row call against the floor, and the ridge point ``tau / delta`` (rows at which a call costs twice a
    1-row call);
@@ -43,6 +43,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -187,13 +188,21 @@ def fit(rows: list[int], ms: list[float]) -> dict[str, float]:
     return {"tau_ms": tau, "delta_ms": delta, "ridge_rows": tau / delta if delta > 0 else float("inf")}
 
 
-def call_costs(model: Any, paths: list[str], repeats: int, quick: bool) -> dict[str, dict[str, Any]]:
-    """Per path: median call time by row count (paths interleaved row count by row count) and the fit."""
+def call_costs(
+    model: Any,
+    paths: list[str],
+    repeats: int,
+    quick: bool,
+    context: int = CONTEXT,
+    between: Callable[[], None] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Per path: call time by row count over a ``context``-row cache (paths interleaved row count by row count)
+    and the fit; ``between`` runs after each row count's calls (a bandwidth probe in the same minutes)."""
     out: dict[str, dict[str, Any]] = {}
     caches = {}
     for path in paths:
         set_path(model, path)
-        caches[path] = prefilled_cache(model, CONTEXT, CONTEXT + max(CALL_ROWS))
+        caches[path] = prefilled_cache(model, context, context + max(CALL_ROWS))
         if path == "compiled":  # compile the graph now (untimed): the third call over a cache compiles it
             started = time.perf_counter()
             call_ms(model, caches[path], 1, 4)
@@ -207,6 +216,8 @@ def call_costs(model: Any, paths: list[str], repeats: int, quick: bool) -> dict[
             set_path(model, path)
             call_ms(model, caches[path], r, 1)  # warm
             out[path]["ms_by_rows"][r], out[path]["cpu_ms_by_rows"][r] = call_ms(model, caches[path], r, repeats)
+        if between is not None:
+            between()
     for entry in out.values():
         for key, fitted in (("ms_by_rows", "fit"), ("cpu_ms_by_rows", "cpu_fit")):
             measured = entry[key]
@@ -215,7 +226,9 @@ def call_costs(model: Any, paths: list[str], repeats: int, quick: bool) -> dict[
     return out
 
 
-def fixed_shapes(model: Any, repeats: int, rows_list: tuple[int, ...] = (2, 4, 10, 18)) -> dict[int, dict[str, float]]:
+def fixed_shapes(
+    model: Any, repeats: int, rows_list: tuple[int, ...] = (2, 4, 10, 18), context: int = CONTEXT
+) -> dict[int, dict[str, float]]:
     """Per row count: the compiled path's graph (every row count) against a graph fixed to that row count.
 
     Each fixed graph is compiled here (tens of seconds each on a small CPU); the two are called alternately
@@ -226,7 +239,7 @@ def fixed_shapes(model: Any, repeats: int, rows_list: tuple[int, ...] = (2, 4, 1
     from specframe.models import compiled as graphs
 
     set_path(model, "compiled")
-    cache = prefilled_cache(model, CONTEXT, CONTEXT + max(CALL_ROWS))
+    cache = prefilled_cache(model, context, context + max(CALL_ROWS))
     call_ms(model, cache, 1, 4)  # the compiled path's graph exists after three calls
     out = {}
     for rows in rows_list:
@@ -483,17 +496,30 @@ def _calls_table(result: dict[str, Any], key: str, fitted: str) -> list[str]:
     return lines
 
 
+def read_bandwidth(floats: torch.Tensor, repeats: int = 3) -> float:
+    """GB/s of the fastest of ``repeats`` sums over ``floats``."""
+    fastest = float("inf")
+    for _ in range(repeats):
+        sync(floats.device)
+        start = time.perf_counter()
+        floats.sum()
+        sync(floats.device)
+        fastest = min(fastest, time.perf_counter() - start)
+    return floats.numel() * floats.element_size() / fastest / 1e9
+
+
 def read_floor_ms(result: dict[str, Any]) -> float:
-    """What a 1-row call must read (streamed weights and the cache's keys and values) at the faster of the copy
-    and read bandwidths measured (a floor must not overstate)."""
+    """What a 1-row call must read (streamed weights and the cache's keys and values) at the fastest of the copy
+    and read bandwidths measured, before the calls and between them (a floor must not overstate)."""
     f = result["floor"]
     nbytes = result["streamed_bytes"] + result.get("cache_bytes", 0)
-    return nbytes / (max(f["copy_gb_s"], f.get("read_gb_s", 0.0)) * 1e6)
+    fastest = max(f["copy_gb_s"], f.get("read_gb_s", 0.0), f.get("read_gb_s_between_calls", 0.0))
+    return nbytes / (fastest * 1e6)
 
 
 def render(result: dict[str, Any]) -> str:
     """The report as Markdown."""
-    m, f = result["machine"], result["floor"]
+    m, f, context = result["machine"], result["floor"], result.get("context", CONTEXT)
     lines = [
         f"# specframe performance report: {result['model']} ({result['dtype']} on {result['device']}, "
         f"{result['threads']} thread(s))",
@@ -503,11 +529,12 @@ def render(result: dict[str, Any]) -> str:
         f"- weights {result['weight_bytes'] / 2**20:.1f} MiB ({result['parameters'] / 1e6:.1f}M parameters, "
         f"prepacked: {result['prepacked']}); weight-streaming floor {f['floor_ms']:.3f} ms (fastest 1-row product "
         f"over as many bytes; median {f['floor_ms_median']:.3f}); copy bandwidth {f['copy_gb_s']:.1f} GB/s "
-        f"(bytes read and written), read bandwidth {f.get('read_gb_s', float('nan')):.1f} GB/s (a float32 sum)",
+        f"(bytes read and written), read bandwidth {f.get('read_gb_s', float('nan')):.1f} GB/s (a float32 sum; "
+        f"{f.get('read_gb_s_between_calls', float('nan')):.1f} GB/s at best between the timed calls)",
         f"- streamed floor {f['streamed_floor_ms']:.3f} ms: the same over the {result['streamed_bytes'] / 2**20:.1f} "
         "MiB of weights a 1-row call must read (the weights less the input embedding, of which a call reads one "
         f"row); with the {result.get('cache_bytes', 0) / 2**20:.1f} MiB of keys and values it reads over the "
-        f"{CONTEXT}-row cache, at the faster of the two bandwidths, {read_floor_ms(result):.3f} ms (the read floor)",
+        f"{context}-row cache, at the fastest bandwidth measured, {read_floor_ms(result):.3f} ms (the read floor)",
     ]
     if result.get("kernels"):
         k = result["kernels"]
@@ -520,7 +547,7 @@ def render(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"## Model calls over a {CONTEXT}-row cache: fastest wall ms of {result['call_repeats']}",
+        f"## Model calls over a {context}-row cache: fastest wall ms of {result['call_repeats']}",
         "",
         *_calls_table(result, "ms_by_rows", "fit"),
         "",
@@ -577,6 +604,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per generation method")
     parser.add_argument("--call-repeats", type=int, default=15, help="timed calls per row count")
+    parser.add_argument(
+        "--context",
+        type=int,
+        default=CONTEXT,
+        help=f"cached rows the timed calls attend over (default {CONTEXT}): attention's share of a call grows with it",
+    )
     parser.add_argument("--widths", default="4,8")
     parser.add_argument("--prompts", type=int, default=4, help="smoke-task prompts per generation run")
     parser.add_argument("--threads", type=int, help="torch threads (default: specframe's thread policy)")
@@ -594,6 +627,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a smoke run: 16 tokens, 1 repeat, no compiled path")
     parser.add_argument("--json", help="also write the figures as JSON to this file ('-': do not)")
     args = parser.parse_args(argv)
+    if args.context < 1:
+        parser.error(f"--context must be at least 1 cached row, got {args.context}")
     if args.quick:
         args.tokens, args.repeats, args.call_repeats, args.no_compile, args.widths, args.prompts = (
             16,
@@ -619,8 +654,16 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     floor = streaming_floor(nbytes, model.dtype, torch.device(model.device))
     streamed = streamed_bytes(model)
     floor["streamed_floor_ms"] = streaming_floor(streamed, model.dtype, torch.device(model.device))["floor_ms"]
-    calls = call_costs(model, paths, args.call_repeats, args.quick)
-    fixed = fixed_shapes(model, args.call_repeats) if args.fixed_shapes and not args.no_compile else None
+    # as many bytes as a call reads, up to 256 MiB: far past any cache, without doubling a large model's memory
+    probe = torch.zeros(min(streamed, 2**28) // 4, dtype=torch.float32, device=model.device)
+    between: list[float] = []
+    calls = call_costs(
+        model, paths, args.call_repeats, args.quick, args.context, lambda: between.append(read_bandwidth(probe))
+    )
+    floor["read_gb_s_between_calls"] = max(between)
+    fixed = None
+    if args.fixed_shapes and not args.no_compile:
+        fixed = fixed_shapes(model, args.call_repeats, context=args.context)
     compile_seconds = model.compiled.compile_seconds if model.compiled is not None else None
     gen = None
     if not args.calls_only:
@@ -635,7 +678,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "parameters": model.num_parameters,
         "weight_bytes": nbytes,
         "streamed_bytes": streamed,
-        "cache_bytes": cache_bytes(model, CONTEXT),
+        "context": args.context,
+        "cache_bytes": cache_bytes(model, args.context),
         "floor": floor,
         "calls": calls,
         "tokens": args.tokens,
