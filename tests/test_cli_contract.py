@@ -197,6 +197,10 @@ def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, chec
         (["generate", "x", "--widht", "4"], "unrecognized arguments: --widht 4; see `specframe generate --help`"),
         (["bench", "--limit", "two"], "see `specframe bench --help`"),
         (["frobnicate"], "unknown command 'frobnicate'; known commands: "),
+        # options match whole: a prefix of --prompt-ids or --schedules is not taken for it
+        (["generate", "--prompt", "hi"], "--prompt (prompt is given without a flag: specframe generate ... PROMPT)"),
+        (["generate", "x", "--prompt-id", "1,2"], "unrecognized arguments: --prompt-id 1,2"),
+        (["bench", "--schedule=ar"], "unrecognized arguments: --schedule=ar"),
     ],
 )
 def test_a_malformed_command_line_is_one_line_naming_the_help(capsys, args, message):

@@ -82,10 +82,23 @@ def _reader_gone() -> int:
 
 
 class CommandLineParser(argparse.ArgumentParser):
-    """An argument parser whose usage errors are one ``error:`` line naming the help to read (status 2)."""
+    """An argument parser whose usage errors are one ``error:`` line naming the help to read (status 2).
+
+    Options are matched whole, never by a prefix: with prefixes ``generate --prompt "text"`` was read as
+    ``--prompt-ids`` and refused as a bad token list, and ``bench --schedule`` passed for ``--schedules``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         """Print ``error: MESSAGE; see `PROG --help``` on standard error and exit with status 2."""
+        if message.startswith("unrecognized arguments:"):
+            given = message.split(":", 1)[1].split()
+            for action in self._positionals._group_actions:
+                if f"--{action.dest}" in given:
+                    message += f" ({action.dest} is given without a flag: {self.prog} ... {action.dest.upper()})"
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
 
 
