@@ -108,3 +108,25 @@ def test_make_random_checkpoints_refuses_settings_it_cannot_write(tmp_path, caps
     broken = tmp_path / "broken"
     script.main([str(broken), "--family", "nemotron-labs-diffusion", "--no-tokenizer", "--set", "vocab_size=abc"])
     assert (broken / "nemotron-labs-diffusion" / "config.json").is_file()
+
+
+def test_perf_report_read_floor_counts_the_cache_and_the_fastest_bandwidth_seen(capsys):
+    import pytest
+
+    from specframe.models import load_model
+
+    perf_report = _script("perf_report")
+    model = load_model("nemotron-stdlib-tiny")
+    per_row = 2 * model.num_layers * model.num_kv_heads * model.head_dim * 4  # keys and values, float32
+    assert perf_report.cache_bytes(model, 127) == 128 * per_row
+    result = {
+        "streamed_bytes": 10_000_000,
+        "cache_bytes": 2_000_000,
+        "floor": {"copy_gb_s": 20.0, "read_gb_s": 30.0, "read_gb_s_between_calls": 40.0},
+    }
+    assert perf_report.read_floor_ms(result) == pytest.approx(12_000_000 / 40e6)  # 0.3 ms at 40 GB/s
+    result["floor"]["read_gb_s_between_calls"] = 10.0  # a slower minute never raises the floor
+    assert perf_report.read_floor_ms(result) == pytest.approx(12_000_000 / 30e6)
+    with pytest.raises(SystemExit):
+        perf_report.parse(["--context", "0"])
+    assert "--context must be at least 1 cached row" in capsys.readouterr().err
