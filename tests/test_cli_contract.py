@@ -201,6 +201,9 @@ def test_calibrate_takes_the_thread_count_its_cost_model_is_kept_by(capsys, chec
         (["generate", "--prompt", "hi"], "--prompt (prompt is given without a flag: specframe generate ... PROMPT)"),
         (["generate", "x", "--prompt-id", "1,2"], "unrecognized arguments: --prompt-id 1,2"),
         (["bench", "--schedule=ar"], "unrecognized arguments: --schedule=ar"),
+        # a misspelt option's value is not taken for bench's one subcommand (merge): the option is named
+        (["bench", "--schedule", "ar"], "unrecognized arguments: --schedule;"),
+        (["bench", "--limt", "2"], "unrecognized arguments: --limt;"),
     ],
 )
 def test_a_malformed_command_line_is_one_line_naming_the_help(capsys, args, message):

@@ -91,9 +91,21 @@ class CommandLineParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
+        self._given: list[str] = []
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        """As argparse's, remembering the arguments (to name a misspelt option in an error)."""
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
         """Print ``error: MESSAGE; see `PROG --help``` on standard error and exit with status 2."""
+        if message.startswith("argument {") and "invalid choice:" in message:
+            # a misspelt option's value taken for a subcommand (bench --limt 2): name the option instead
+            known = {flag for action in self._actions for flag in action.option_strings}
+            unknown = [a for a in self._given if re.match(r"--?[A-Za-z]", a) and a.split("=")[0] not in known]
+            if unknown:
+                message = f"unrecognized arguments: {' '.join(unknown)}"
         if message.startswith("unrecognized arguments:"):
             given = message.split(":", 1)[1].split()
             for action in self._positionals._group_actions:
