@@ -21,7 +21,7 @@ method alike; the ratios are what to read):
 1. the weight-streaming floor: the time of one 1-row product over a matrix holding as many bytes as the
    model's weights, the same over the bytes a 1-row call must read (the weights less the input
    embedding), the memory copy and read bandwidths, and the read floor: those weights and the keys and
-   values a 1-row call reads over the 128-row cache, at the faster bandwidth;
+   values a 1-row call reads over the 128-row cache, at the fastest bandwidth measured;
 2. the call-cost fit ``time = tau + delta x rows`` of single model calls over a 128-row cache (``--context``), per path
    (``eager``: the default path; ``compiled``: the same step as one torch.compile graph), the
    1-row call against the floor, and the ridge point ``tau / delta`` (rows at which a call costs twice a
@@ -108,6 +108,18 @@ def cache_bytes(model: Any, context: int) -> int:
     return 2 * model.num_layers * model.num_kv_heads * model.head_dim * (context + 1) * element
 
 
+def read_bandwidth(floats: torch.Tensor, repeats: int = 3) -> float:
+    """GB/s of the fastest of ``repeats`` sums over ``floats``."""
+    fastest = float("inf")
+    for _ in range(repeats):
+        sync(floats.device)
+        start = time.perf_counter()
+        floats.sum()
+        sync(floats.device)
+        fastest = min(fastest, time.perf_counter() - start)
+    return floats.numel() * floats.element_size() / fastest / 1e9
+
+
 def streaming_floor(nbytes: int, dtype: torch.dtype, device: torch.device, repeats: int = 20) -> dict[str, float]:
     """The time to stream ``nbytes`` of weights once: a 1-row product over one matrix of that size."""
     width = 1024
@@ -128,15 +140,12 @@ def streaming_floor(nbytes: int, dtype: torch.dtype, device: torch.device, repea
         copy_dst.copy_(copy_src)
         sync(device)
         copies.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        floats.sum()
-        sync(device)
-        reads.append(time.perf_counter() - start)
+        reads.append(read_bandwidth(floats, repeats=1))
     return {
         "floor_ms": 1000 * min(times),
         "floor_ms_median": 1000 * statistics.median(times),
         "copy_gb_s": 2 * nbytes / min(copies) / 1e9,
-        "read_gb_s": floats.numel() * 4 / min(reads) / 1e9,
+        "read_gb_s": max(reads),
     }
 
 
@@ -494,18 +503,6 @@ def _calls_table(result: dict[str, Any], key: str, fitted: str) -> list[str]:
             f"{(one / read) if one else nan:.2f} | {(measured[18] / one) if one and 18 in measured else nan:.2f} |"
         )
     return lines
-
-
-def read_bandwidth(floats: torch.Tensor, repeats: int = 3) -> float:
-    """GB/s of the fastest of ``repeats`` sums over ``floats``."""
-    fastest = float("inf")
-    for _ in range(repeats):
-        sync(floats.device)
-        start = time.perf_counter()
-        floats.sum()
-        sync(floats.device)
-        fastest = min(fastest, time.perf_counter() - start)
-    return floats.numel() * floats.element_size() / fastest / 1e9
 
 
 def read_floor_ms(result: dict[str, Any]) -> float:
