@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from specframe_training.drafter import DrafterConfig, batched_greedy, block_batch, train_drafter
+from specframe_training.drafter import (
+    DrafterConfig,
+    attach_trainable_lora,
+    batched_greedy,
+    block_batch,
+    offset_agreement,
+    start_from_adapter,
+    train_drafter,
+)
 from specframe_training.forward import TrainingForward
 
 from decoding_helpers import eos_ids
@@ -160,7 +168,8 @@ def test_a_run_resumes_and_refuses_other_settings(drafter_run, converted, tmp_pa
     work = tmp_path / "run"
     shutil.copytree(drafter_run[0], work)
     lines = []
-    summary = train_drafter(converted, work, DrafterConfig(**{**RUN, "steps": 45}), threads=1, log=lines.append)
+    resumed = DrafterConfig(**{**RUN, "steps": 45, "fit_eval": 0})  # how it evaluates may change
+    summary = train_drafter(converted, work, resumed, threads=1, log=lines.append)
     assert "resumed at step 40" in lines
     assert not any("self-distilled data" in line for line in lines), "data.pt is reused"
     assert summary["steps"] == 45 and summary["first"]["step"] == 0 and summary["last"]["step"] == 45
@@ -169,6 +178,32 @@ def test_a_run_resumes_and_refuses_other_settings(drafter_run, converted, tmp_pa
     assert steps == [0, 20, 40, 45]
     with pytest.raises(ConfigError, match="rank"):
         train_drafter(converted, work, DrafterConfig(**{**RUN, "rank": 4}), threads=1, log=lines.append)
+
+
+def test_each_evaluation_also_measures_the_fit_on_training_continuations(drafter_run, converted, tmp_path):
+    work, summary = drafter_run
+    entries = [json.loads(line) for line in (work / "log.jsonl").read_text().splitlines()]
+    data = torch.load(work / "data.pt", weights_only=False)
+    assert all(set(e["fit"]["agreement"]) == set(e["agreement"]) for e in entries)
+    assert summary["last"]["fit"] == entries[-1]["fit"]
+    # the fit is measured on the training continuations (the first fit_eval of them), not the held-out ones
+    model, config = load_model(converted, dtype="float32"), DrafterConfig(**RUN)
+    attach_trainable_lora(model.network, config.rank, config.alpha, torch.Generator().manual_seed(0))
+    start_from_adapter(model.network, work / "adapter", config)
+    forward = TrainingForward(model.network)
+    with torch.no_grad():
+        again = offset_agreement(forward, data["train"][: config.fit_eval], config, model.mask_token_id)
+    assert again["agreement"] == entries[-1]["fit"]["agreement"]
+    assert entries[-1]["fit"] != {k: entries[-1][k] for k in ("loss", "agreement")}
+    # evaluating the fit changes nothing the run trains: the same adapter, bit for bit, without it
+    other = tmp_path / "no-fit"
+    other.mkdir()
+    shutil.copy(work / "data.pt", other / "data.pt")
+    train_drafter(converted, other, DrafterConfig(**{**RUN, "fit_eval": 0}), threads=1, log=lambda _: None)
+    assert all("fit" not in json.loads(line) for line in (other / "log.jsonl").read_text().splitlines())
+    trained = torch.load(work / "state.pt", weights_only=False)["adapter"]
+    without = torch.load(other / "state.pt", weights_only=False)["adapter"]
+    assert all(torch.equal(a, b) for a, b in zip(trained, without, strict=True))
 
 
 def test_the_trained_adapter_keeps_every_schedule_exact(drafter_run, converted):
@@ -388,7 +423,7 @@ def test_a_folder_from_before_the_new_settings_resumes_with_what_it_trained_with
 
 @pytest.mark.parametrize(
     ("setting", "value"),
-    [("near_weight", 1.5), ("distill", -0.1), ("patience", -1), ("init_from", 3), ("mlp_rank", -1)]
+    [("near_weight", 1.5), ("distill", -0.1), ("patience", -1), ("init_from", 3), ("mlp_rank", -1), ("fit_eval", -1)]
     + [("mlp_rank", 1.5), ("mlp_alpha", 4.0)],
 )
 def test_bad_objective_settings_are_refused(setting, value):

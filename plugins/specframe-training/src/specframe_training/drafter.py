@@ -46,7 +46,7 @@ from specframe_training.forward import TrainingForward
 
 ADAPTER_FOLDER = "adapter"
 #: Settings a resumed run may change (how long it runs, how often it reports, when it stops).
-_MAY_CHANGE = frozenset({"steps", "eval_every", "save_every", "patience"})
+_MAY_CHANGE = frozenset({"steps", "eval_every", "save_every", "patience", "fit_eval"})
 #: What a run folder written before a setting existed trained with (its settings.json lacks the key).
 _BEFORE = {"near_weight": 1.0, "distill": 0.0, "init_from": None, "patience": 0, "mlp_rank": 0, "mlp_alpha": None}
 #: Offsets whose agreement decides when a run has flattened (what Packed-SS verifies).
@@ -90,6 +90,10 @@ class DrafterConfig:
             must have ``mlp_rank``, and without one a run with ``mlp_rank`` > 0 starts its MLP adapter fresh.
         patience: Stop after this many evaluations without the mean agreement at offsets 2-4 rising by 0.003
             over its best (0: run all ``steps``).
+        fit_eval: Training continuations evaluated beside the held-out ones at every evaluation (the first
+            ones of the shuffled training set; 0: none), logged as ``fit``: the gap between the two curves says
+            whether a drafter is short of fit (both low) or of data (fit high, held-out low). Evaluation only:
+            it changes nothing the run trains on, and a resumed run may change it.
     """
 
     prompts: int = 640
@@ -116,6 +120,7 @@ class DrafterConfig:
     distill: float = 0.5
     init_from: str | None = None
     patience: int = 0
+    fit_eval: int = 48
 
     def __post_init__(self) -> None:
         if self.alpha is None and isinstance(self.rank, int):
@@ -154,6 +159,8 @@ class DrafterConfig:
                 raise ConfigError(f"drafter setting {name} must be a number in [0, 1], got {value!r}")
         if self.patience < 0:
             raise ConfigError(f"drafter setting patience must be >= 0, got {self.patience}")
+        if self.fit_eval < 0:
+            raise ConfigError(f"drafter setting fit_eval must be >= 0 (0: no fit evaluation), got {self.fit_eval}")
         if self.mlp_rank < 0:
             raise ConfigError(f"drafter setting mlp_rank must be >= 0 (0: no MLP adapter), got {self.mlp_rank}")
         if self.mlp_rank == 0 and self.mlp_alpha is not None:
@@ -584,6 +591,14 @@ def train_drafter(
     mask_id = model.mask_token_id
     data = _self_distilled_data(model, model_folder, forward, config, work / "data.pt", log)
     train_windows, held_out = data["train"], data["held_out"]
+    fit_windows = train_windows[: config.fit_eval]
+
+    def evaluation() -> dict[str, Any]:  # held out, and on training continuations (own seed: training unmoved)
+        entry = offset_agreement(forward, held_out, config, mask_id)
+        if fit_windows:
+            entry["fit"] = offset_agreement(forward, fit_windows, config, mask_id)
+        return entry
+
     generator = torch.Generator().manual_seed(config.seed)
     mlp_generator = torch.Generator().manual_seed(config.seed + 1)  # the block sampling stays that of no MLP adapter
     trainable = attach_trainable_lora(
@@ -605,7 +620,7 @@ def train_drafter(
         log(f"resumed at step {step}")
     log_file = (work / "log.jsonl").open("a", encoding="utf-8")
     if step == 0:
-        _record(log_file, {"step": 0, **offset_agreement(forward, held_out, config, mask_id)}, log)
+        _record(log_file, {"step": 0, **evaluation()}, log)
     order = torch.randperm(len(train_windows), generator=generator).tolist()
     started = time.perf_counter() - wall
     while step < config.steps and not flattened(work / "log.jsonl", config.patience):
@@ -629,7 +644,7 @@ def train_drafter(
                     "step": step,
                     "train_loss": round(float(loss.detach()), 4),
                     "wall_s": round(elapsed, 1),
-                    **offset_agreement(forward, held_out, config, mask_id),
+                    **evaluation(),
                 },
                 log,
             )
@@ -747,9 +762,14 @@ def _plot(work: Path) -> None:
     left.set_ylabel("drafting loss")
     left.legend()
     for offset in sorted({k for e in entries for k in e["agreement"]}, key=int):
-        right.plot(steps, [e["agreement"].get(offset) for e in entries], marker=".", label=f"offset {offset}")
+        (line,) = right.plot(steps, [e["agreement"].get(offset) for e in entries], marker=".", label=f"offset {offset}")
+        fit = [(e["step"], e["fit"]["agreement"].get(offset)) for e in entries if "fit" in e]
+        if fit and offset in ("2", "3", "4"):  # training continuations, dashed: the gap is what data would buy
+            right.plot(*zip(*fit, strict=True), linestyle="--", color=line.get_color())
     right.set_xlabel("step")
     right.set_ylabel("top-1 agreement with the base model")
+    if any("fit" in e for e in entries):
+        right.set_title("dashed: on training continuations (offsets 2-4)", fontsize=8)
     right.legend(fontsize=7, ncol=2)
     figure.tight_layout()
     figure.savefig(work / "curves.png", dpi=110)
