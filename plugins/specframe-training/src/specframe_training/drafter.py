@@ -45,7 +45,7 @@ from specframe.models.transformer import DecoderNetwork
 from specframe_training.forward import TrainingForward
 
 ADAPTER_FOLDER = "adapter"
-#: Settings a resumed run may change (how long it runs, how often it reports, when it stops).
+#: Settings a resumed run may change (how long it runs, how often it reports and on what, when it stops).
 _MAY_CHANGE = frozenset({"steps", "eval_every", "save_every", "patience", "fit_eval"})
 #: What a run folder written before a setting existed trained with (its settings.json lacks the key).
 _BEFORE = {"near_weight": 1.0, "distill": 0.0, "init_from": None, "patience": 0, "mlp_rank": 0, "mlp_alpha": None}
@@ -764,7 +764,7 @@ def _plot(work: Path) -> None:
     for offset in sorted({k for e in entries for k in e["agreement"]}, key=int):
         (line,) = right.plot(steps, [e["agreement"].get(offset) for e in entries], marker=".", label=f"offset {offset}")
         fit = [(e["step"], e["fit"]["agreement"].get(offset)) for e in entries if "fit" in e]
-        if fit and offset in ("2", "3", "4"):  # training continuations, dashed: the gap is what data would buy
+        if fit and offset in _WATCHED:  # training continuations, dashed: the gap is what data would buy
             right.plot(*zip(*fit, strict=True), linestyle="--", color=line.get_color())
     right.set_xlabel("step")
     right.set_ylabel("top-1 agreement with the base model")
